@@ -1,0 +1,43 @@
+# Every target creates the virtual environment it needs, so `make demo` and
+# `make test` work on a fresh machine with nothing but python3.
+PYTHON ?= python3
+VENV   ?= .venv
+BIN    := $(VENV)/bin
+comma  := ,
+EXTRAS ?= test,dev,bench
+STAMP  := $(VENV)/.installed-$(subst $(comma),-,$(EXTRAS))
+
+.PHONY: venv demo test test-fast lint fmt bench manifests clean
+
+$(STAMP): pyproject.toml constraints.txt
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+	$(BIN)/python -m pip install -q -c constraints.txt -e '.[$(EXTRAS)]'
+	touch $@
+
+venv: $(STAMP)
+
+demo: $(STAMP)
+	$(BIN)/python examples/demo.py
+
+lint: $(STAMP)
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+	$(BIN)/mypy
+
+fmt: $(STAMP)
+	$(BIN)/ruff format .
+	$(BIN)/ruff check --fix .
+
+# The whole suite. CI=true turns any skipped test into a failure (tests/conftest.py).
+test: lint
+	$(BIN)/pytest -m "not scale" $(PYTEST_ARGS)
+
+test-fast: $(STAMP)
+	$(BIN)/pytest -m "not scale" -x -q $(PYTEST_ARGS)
+
+bench: $(STAMP)
+	$(BIN)/python bench/lease_cycle.py
+
+clean:
+	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache

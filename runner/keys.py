@@ -1,0 +1,62 @@
+"""Redis key names of one task. Every key shares the hash tag ``{scope:task}`` (DESIGN.md, Redis keys)."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from runner.errors import ConfigError
+
+# Braces would break the hash tag and colons the key layout; anything a DNS label or a
+# Python identifier allows is accepted.
+NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")
+PREFIX_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,62}$")
+NAME_FORM = "1-63 characters of letters, digits, '.', '_' or '-', starting with a letter or digit"
+
+
+def validate_name(what: str, value: str) -> str:
+    if not NAME_RE.match(value):
+        raise ConfigError(f"{what} {value!r} is not valid: expected {NAME_FORM}")
+    return value
+
+
+@dataclass(frozen=True)
+class TaskKeys:
+    prefix: str
+    scope: str
+    task: str
+
+    def __post_init__(self) -> None:
+        if not PREFIX_RE.match(self.prefix):
+            raise ConfigError(
+                f"key prefix {self.prefix!r} is not valid: expected letters, digits, '.', '_', "
+                "'-' or ':' (no braces), at most 63 characters"
+            )
+        validate_name("scope", self.scope)
+        validate_name("task name", self.task)
+
+    @property
+    def base(self) -> str:
+        return f"{self.prefix}:{{{self.scope}:{self.task}}}"
+
+    @property
+    def lease(self) -> str:
+        return f"{self.base}:lease"
+
+    @property
+    def fence(self) -> str:
+        return f"{self.base}:fence"
+
+    @property
+    def runs(self) -> str:
+        return f"{self.base}:runs"
+
+    @property
+    def state(self) -> str:
+        return f"{self.base}:state"
+
+    def slot(self, slot_epoch_s: int) -> str:
+        return f"{self.base}:slot:{slot_epoch_s}"
+
+    def all_keys(self, slot_epoch_s: int = 0) -> list[str]:
+        return [self.lease, self.fence, self.runs, self.state, self.slot(slot_epoch_s)]
