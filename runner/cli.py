@@ -1,2 +1,205 @@
-def main() -> int:
+"""The CLI edge: parses flags and environment into settings once, runs a subcommand, and maps
+every error to its exit code in one place (DESIGN.md, Exit codes)."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
+
+from runner import __version__, logs
+from runner.errors import ConfigError, CronRunnerError
+from runner.settings import Settings, load_settings
+
+if TYPE_CHECKING:
+    from runner.targets import Target
+
+log = logging.getLogger("runner")
+
+EXIT_CODES = """exit codes:
+  0    ran successfully, or skipped (another holder has the lease, or the slot already ran)
+  1    the task failed (exec passes the command's own non-zero code through)
+  2    usage or configuration error (bad cron, unknown task, bad URL, bad duration)
+  3    Redis unreachable within the connect deadline; the task did not run
+  4    the lease was lost during the run and the task was stopped
+  143  terminated by SIGTERM or SIGINT
+"""
+
+ENVIRONMENT = """environment (flags win over variables):
+  CRON_RUNNER_REDIS_URL          redis://host:6379/0, rediss://..., unix:///path (default redis://localhost:6379/0)
+  CRON_RUNNER_REDIS_USERNAME     ACL user;  CRON_RUNNER_REDIS_PASSWORD  password (keep it in a Secret)
+  CRON_RUNNER_REDIS_SENTINELS    host:port,... with CRON_RUNNER_REDIS_SENTINEL_MASTER
+  CRON_RUNNER_REDIS_CLUSTER      true for Redis Cluster
+  CRON_RUNNER_LEASE_TTL          lease TTL (default 30s); renewed every TTL/3
+  CRON_RUNNER_CONNECT_TIMEOUT    keep trying to reach Redis this long, then exit 3 (default 10s)
+  CRON_RUNNER_SCHEDULE, _TIMEZONE  cron schedule and IANA zone, for slots
+  CRON_RUNNER_SKEW_TOLERANCE     clock-skew tolerance for schedule slots (default 30s)
+  CRON_RUNNER_SHUTDOWN_GRACE     after SIGTERM, wait this long before killing the task (default 25s)
+  CRON_RUNNER_TASK_MODULES       modules to import so their @task functions register
+  CRON_RUNNER_HOLDER, _SCOPE     holder id (default host:pid) and key scope (default 'default')
+  CRON_RUNNER_LOG_FORMAT, _LEVEL json or text; debug, info, warning, error
+Durations accept 30, 30s, 1m, 500ms, 1h. See the README for the full list.
+"""
+
+# Flags that override a CRON_RUNNER_* variable, by the variable's name without the prefix.
+SETTING_FLAGS = {
+    "REDIS_URL": "Redis URL (no password here: use CRON_RUNNER_REDIS_PASSWORD)",
+    "LEASE_TTL": "lease TTL, e.g. 30s",
+    "CONNECT_TIMEOUT": "how long to keep trying to reach Redis",
+    "SCHEDULE": "cron schedule, e.g. '*/5 * * * *': gives each run its slot",
+    "TIMEZONE": "IANA time zone of the schedule, e.g. Europe/Berlin",
+    "SKEW_TOLERANCE": "clock-skew tolerance for schedule slots",
+    "SHUTDOWN_GRACE": "wait this long after SIGTERM before killing the task",
+    "HOLDER": "holder id shown to other replicas",
+    "SCOPE": "key scope (the namespace in a cluster)",
+    "LOG_FORMAT": "json or text",
+    "LOG_LEVEL": "debug, info, warning or error",
+}
+RUN_FLAGS = ("LEASE_TTL", "CONNECT_TIMEOUT", "SCHEDULE", "TIMEZONE", "SKEW_TOLERANCE",
+             "SHUTDOWN_GRACE", "HOLDER")  # fmt: skip
+COMMON_FLAGS = ("REDIS_URL", "SCOPE", "LOG_FORMAT", "LOG_LEVEL")
+
+
+def _add_setting_flags(parser: argparse.ArgumentParser, names: Sequence[str]) -> None:
+    for name in names:
+        parser.add_argument(
+            "--" + name.lower().replace("_", "-"),
+            dest=f"setting_{name}",
+            metavar=name.rsplit("_", 1)[-1],
+            help=f"{SETTING_FLAGS[name]} [CRON_RUNNER_{name}]",
+        )
+
+
+def _flags(args: argparse.Namespace) -> dict[str, str | None]:
+    return {
+        k.removeprefix("setting_"): v for k, v in vars(args).items() if k.startswith("setting_")
+    }
+
+
+class _Parser(argparse.ArgumentParser):
+    """Usage errors exit 2 through the same path as every other configuration error."""
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        raise ConfigError(f"{self.prog}: {message}")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    fmt = argparse.RawDescriptionHelpFormatter
+    parser = _Parser(
+        prog="cron-runner",
+        description="Run a scheduled job once and only once across replicas, clusters and servers, "
+        "guarded by a fenced, renewed Redis lease.",
+        epilog=EXIT_CODES + "\n" + ENVIRONMENT,
+        formatter_class=fmt,
+    )
+    parser.add_argument("--version", action="version", version=f"cron-runner {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+
+    p = sub.add_parser(
+        "run",
+        help="run a registered Python task under the lease",
+        description="Take the task's lease, run the task, renew while it runs, release when it ends.",
+        epilog=EXIT_CODES,
+        formatter_class=fmt,
+    )
+    p.add_argument(
+        "task", metavar="TASK", help="a registered task name, or package.module:function"
+    )
+    _add_setting_flags(p, (*RUN_FLAGS, *COMMON_FLAGS))
+    p.set_defaults(handler=cmd_run)
+
+    p = sub.add_parser(
+        "exec",
+        help="run a command under the lease (crontab lines, PHP/Node/Go jobs)",
+        description="Run CMD as task NAME: exactly one of the replicas that start it for the same "
+        "slot runs it. Example:\n  cron-runner exec --name billing --schedule '0 * * * *' -- php artisan billing",
+        epilog=EXIT_CODES,
+        formatter_class=fmt,
+    )
+    p.add_argument("--name", required=True, help="task name: the lease and slot are per name")
+    _add_setting_flags(p, (*RUN_FLAGS, *COMMON_FLAGS))
+    p.add_argument("argv", nargs=argparse.REMAINDER, metavar="-- CMD ARGS", help="the command")
+    p.set_defaults(handler=cmd_exec)
+
+    p = sub.add_parser("tasks", help="list the registered tasks and where each comes from")
+    _add_setting_flags(p, ("LOG_FORMAT", "LOG_LEVEL"))
+    p.set_defaults(handler=cmd_tasks)
+
+    from runner import ops  # noqa: PLC0415 - ops adds its own subcommands
+
+    ops.add_commands(sub, lambda p, names: _add_setting_flags(p, (*names, *COMMON_FLAGS)))
+    return parser
+
+
+def cmd_run(args: argparse.Namespace, settings: Settings) -> int:
+    from runner.targets import PythonTarget  # noqa: PLC0415
+    from runner.tasks import Registry  # noqa: PLC0415
+
+    spec = Registry.discover(settings.run.task_modules).resolve(args.task)
+    return _execute(settings, spec.name, PythonTarget(spec.fn))
+
+
+def cmd_exec(args: argparse.Namespace, settings: Settings) -> int:
+    from runner.keys import validate_name  # noqa: PLC0415
+    from runner.targets import CommandTarget  # noqa: PLC0415
+
+    argv = list(args.argv)
+    if argv[:1] == ["--"]:
+        argv = argv[1:]
+    if not argv:
+        raise ConfigError(
+            "exec: no command given: expected cron-runner exec --name NAME -- CMD ARGS..."
+        )
+    validate_name("--name", args.name)
+    return _execute(settings, args.name, CommandTarget(argv))
+
+
+def _execute(settings: Settings, task_name: str, target: Target) -> int:
+    from runner import store  # noqa: PLC0415
+    from runner.execution import Execution, Shutdown  # noqa: PLC0415
+
+    shutdown = Shutdown().install()
+    client = store.connect(settings.redis, settings.lease.ttl_s)
+    try:
+        result = Execution(settings, client, task_name, target, shutdown).run()
+    finally:
+        client.close()
+    return result.exit_code
+
+
+def cmd_tasks(args: argparse.Namespace, settings: Settings) -> int:
+    from runner.tasks import Registry  # noqa: PLC0415
+
+    registry = Registry.discover(settings.run.task_modules)
+    specs = registry.specs()
+    if not specs:
+        sys.stdout.write("no tasks registered (set CRON_RUNNER_TASK_MODULES or install a package "
+                         "with a cron_runner.tasks entry point)\n")  # fmt: skip
+        return 0
+    width = max(len(s.name) for s in specs)
+    for spec in specs:
+        sys.stdout.write(f"{spec.name:<{width}}  {spec.source}\n")
     return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    try:
+        args = parser.parse_args(argv)
+        if not getattr(args, "handler", None):
+            parser.print_help(sys.stderr)
+            return 2
+        settings = load_settings(os.environ, _flags(args))
+        logs.setup(settings.log.format, settings.log.level)
+        handler: Callable[[argparse.Namespace, Settings], int] = args.handler
+        return handler(args, settings)
+    except CronRunnerError as exc:
+        if not logging.getLogger().handlers:
+            logs.setup("text" if sys.stderr.isatty() else "json", "INFO")
+        log.error(str(exc), extra={"event": "error", "exit_code": exc.exit_code})
+        return exc.exit_code
+    except KeyboardInterrupt:
+        return 143

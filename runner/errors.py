@@ -55,5 +55,5 @@ class Terminated(CronRunnerError):
     exit_code = 143
 
 
-class Cancelled(Exception):  # noqa: N818 - the name tasks catch, as asyncio's CancelledError
+class Cancelled(Exception):
     """Raised by RunContext.check() inside a task when it must stop: lease lost or shutdown."""

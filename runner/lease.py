@@ -114,7 +114,9 @@ class Script:
             return client.eval(self.source, len(keys), *keys, *args)
 
 
-SCRIPTS = {name: Script(src) for name, src in [("acquire", ACQUIRE), ("renew", RENEW), ("finish", FINISH)]}
+SCRIPTS = {
+    name: Script(src) for name, src in [("acquire", ACQUIRE), ("renew", RENEW), ("finish", FINISH)]
+}
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,365 @@
+"""One run: slot -> acquire -> keeper + task -> complete or release -> record (DESIGN.md, Run flow).
+
+All stopping logic lives here, in ordinary code: the signal handlers only set a flag.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import time
+from dataclasses import dataclass
+from types import FrameType
+from typing import Any
+
+from redis.exceptions import RedisError
+
+from runner import clock, slots
+from runner.errors import LeaseNotOwned, StoreUnavailable
+from runner.keeper import Keeper
+from runner.keys import TaskKeys
+from runner.lease import Acquired, Held, Lease, SlotDone, new_token
+from runner.logs import RunLogger, run_logger
+from runner.settings import Settings
+from runner.store import with_deadline
+from runner.targets import CommandTarget, Target, reap_orphans
+from runner.tasks import RunContext
+
+TICK_S = 0.05
+ONE_HOUR_S = 3600.0
+
+# Outcomes, as recorded in the run stream and counted by telemetry.
+RAN = "ran"
+SKIPPED_HELD = "skipped_held"
+SKIPPED_DONE = "skipped_done"
+FAILED = "failed"
+LEASE_LOST = "lease_lost"
+TERMINATED = "terminated"
+UNAVAILABLE = "unavailable"
+
+
+class Shutdown:
+    """SIGTERM/SIGINT set a flag; nothing else happens in the handler."""
+
+    def __init__(self) -> None:
+        self.signum: int | None = None
+        self.count = 0
+
+    @property
+    def requested(self) -> bool:
+        return self.signum is not None
+
+    def _handle(self, signum: int, _frame: FrameType | None) -> None:
+        self.signum = self.signum or signum
+        self.count += 1
+
+    def install(self) -> Shutdown:
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, self._handle)
+        return self
+
+
+@dataclass(frozen=True)
+class RunResult:
+    outcome: str
+    exit_code: int
+    fence: int | None = None
+    reason: str | None = None
+
+
+def resolve_slot(settings: Settings, now_s: float) -> int | None:
+    s = settings.slots
+    if s.job_name:
+        return slots.slot_from_job_name(s.job_name, s.cronjob_name)
+    if s.schedule:
+        return slots.Schedule.parse(s.schedule, s.timezone, s.skew_tolerance_s).slot_for(now_s)
+    return None
+
+
+def retention_s(settings: Settings) -> float:
+    if settings.lease.slot_retention_s is not None:
+        return settings.lease.slot_retention_s
+    if settings.slots.schedule:
+        sched = slots.Schedule.parse(
+            settings.slots.schedule, settings.slots.timezone, settings.slots.skew_tolerance_s
+        )
+        return max(ONE_HOUR_S, 2 * sched.max_gap_s)
+    # A Job-name slot without a schedule: a day covers any CronJob retry window.
+    return 24 * ONE_HOUR_S
+
+
+class Execution:
+    def __init__(
+        self,
+        settings: Settings,
+        client: Any,
+        task_name: str,
+        target: Target,
+        shutdown: Shutdown,
+    ) -> None:
+        self.settings = settings
+        self.client = client
+        self.task_name = task_name
+        self.target = target
+        self.shutdown = shutdown
+        self.keys = TaskKeys(settings.lease.prefix, settings.lease.scope, task_name)
+        self.lease = Lease(
+            client,
+            self.keys,
+            new_token(settings.lease.holder),
+            ttl_ms=settings.lease.ttl_ms,
+            retention_ms=int(retention_s(settings) * 1000),
+        )
+        self.log: RunLogger = run_logger(task_name, settings.lease.holder)
+        self.where = settings.redis.display_url
+        self.started_wall = 0.0
+        self.started_mono = 0.0
+        self.slot: int | None = None
+        self.fence = 0
+
+    # -- phases ---------------------------------------------------------------
+
+    def run(self) -> RunResult:
+        self.started_wall = clock.wall()
+        self.started_mono = clock.monotonic()
+        self.slot = resolve_slot(self.settings, self.started_wall)
+        self.log.bind(slot=self.slot if self.slot is not None else "manual")
+        self.log.info("start", extra={"event": "start"})
+        if self.shutdown.requested:
+            return self._finish_log(RunResult(TERMINATED, 143, reason="terminated before start"))
+
+        deadline = clock.monotonic() + self.settings.redis.connect_timeout_s
+        sent_at = [0.0]
+
+        def acquire() -> Acquired | Held | SlotDone:
+            sent_at[0] = clock.monotonic()
+            return self.lease.acquire(self.slot)
+
+        try:
+            got = with_deadline(acquire, deadline_s=deadline, what="acquire", where=self.where)
+        except StoreUnavailable as exc:
+            return self._finish_log(RunResult(UNAVAILABLE, 3, reason=str(exc)))
+
+        if isinstance(got, Held):
+            self.log.info(
+                "skipped: another holder has the lease",
+                extra={"event": "skipped", "outcome": SKIPPED_HELD, "exit_code": 0,
+                       "run_holder": got.holder, "ttl_ms": got.ttl_ms},
+            )  # fmt: skip
+            return RunResult(SKIPPED_HELD, 0, reason=f"held by {got.holder}")
+        if isinstance(got, SlotDone):
+            finished = (
+                time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(got.finished_at))
+                if got.finished_at
+                else "unknown"
+            )
+            self.log.info(
+                "skipped: this slot already ran",
+                extra={"event": "skipped", "outcome": SKIPPED_DONE, "exit_code": 0,
+                       "run_holder": got.holder, "finished_at": finished},
+            )  # fmt: skip
+            return RunResult(SKIPPED_DONE, 0, reason=f"slot done by {got.holder} at {finished}")
+
+        self.fence = got.fence
+        self.log.bind(fence=got.fence)
+        self._wait_replicas()
+        self.log.info("acquired", extra={"event": "acquired"})
+        keeper = Keeper(
+            self.lease, ttl_s=self.settings.lease.ttl_s, confirmed_at=sent_at[0]
+        ).start()
+        return self._finish_log(self._run_task(keeper, got.fence))
+
+    def _wait_replicas(self) -> None:
+        wanted = self.settings.redis.min_replicas
+        if wanted <= 0:
+            return
+        timeout_ms = int(min(self.settings.lease.ttl_s / 3, 5.0) * 1000)
+        acked = int(self.client.wait(wanted, timeout_ms))
+        if acked < wanted:
+            self.lease.release(self._record(FAILED, 3, None), {})
+            raise StoreUnavailable(
+                f"only {acked} of {wanted} replicas acknowledged the lease within {timeout_ms} ms; "
+                "released it without running (CRON_RUNNER_REDIS_MIN_REPLICAS)"
+            )
+
+    def _run_task(self, keeper: Keeper, fence: int) -> RunResult:
+        ctx = RunContext(
+            task=self.task_name,
+            slot=self.slot,
+            fencing_token=fence,
+            holder=self.settings.lease.holder,
+            logger=self.log,
+            lease_valid=lambda: not keeper.is_lost(),
+        )
+        self.target.start(ctx)
+        keep_pid = self.target.pid if isinstance(self.target, CommandTarget) else None
+        kill_at: float | None = None
+        stop_reason: str | None = None
+        while not self.target.poll(TICK_S):
+            if os.getpid() == 1:
+                reap_orphans(keep_pid)
+            now = clock.monotonic()
+            if stop_reason is None and keeper.is_lost():
+                stop_reason = LEASE_LOST
+                kill_at = keeper.expires_at
+            elif stop_reason is None and self.shutdown.requested:
+                stop_reason = TERMINATED
+                kill_at = now + self.settings.run.shutdown_grace_s
+            elif stop_reason == TERMINATED and keeper.is_lost():
+                # Shutting down, and now the lease is going too: it bounds the grace.
+                kill_at = min(kill_at or now, keeper.expires_at)
+            if stop_reason is not None and not ctx.cancelled.is_set():
+                ctx.cancel("lease lost" if stop_reason == LEASE_LOST else "shutdown requested")
+                self.target.cancel()
+                self.log.warning(
+                    f"stopping the task: {ctx.cancel_reason}",
+                    extra={"event": "stopping", "reason": keeper.lost_reason or ctx.cancel_reason},
+                )
+            if kill_at is not None and now >= kill_at:
+                if not self.target.kill():
+                    return self._abandon(keeper, stop_reason or LEASE_LOST)
+                self.log.warning("task killed", extra={"event": "killed"})
+                break
+        if os.getpid() == 1:
+            reap_orphans(None)
+        return self._settle(keeper, stop_reason)
+
+    def _abandon(self, keeper: Keeper, stop_reason: str) -> RunResult:
+        """A Python task ignored cancellation past its deadline: it cannot be killed in-process.
+        Exit without releasing; the lease expires by its TTL, after this process is gone."""
+        keeper.stop()
+        code = 4 if stop_reason == LEASE_LOST else 143
+        self.log.error(
+            "the task did not stop and cannot be killed inside the process: exiting without "
+            "releasing the lease, which expires by its TTL",
+            extra={"event": "abandoned", "outcome": stop_reason, "exit_code": code},
+        )
+        self._safe_record(stop_reason, code, "task ignored cancellation")
+        logging.shutdown()
+        os._exit(code)
+
+    def _settle(self, keeper: Keeper, stop_reason: str | None) -> RunResult:
+        keeper.stop()
+        code = self.target.exit_code()
+        error = self.target.error()
+        if stop_reason == LEASE_LOST or keeper.is_lost():
+            self._release_quietly(LEASE_LOST, 4, keeper.lost_reason)
+            return RunResult(LEASE_LOST, 4, reason=keeper.lost_reason)
+        if stop_reason == TERMINATED:
+            self._release(TERMINATED, 143, error)
+            return RunResult(TERMINATED, 143, reason="terminated by signal")
+        if code != 0:
+            self._release(FAILED, code, error)
+            return RunResult(FAILED, code, reason=error)
+        try:
+            self._store(
+                lambda: self.lease.complete(
+                    self.slot,
+                    self._record(RAN, 0, None),
+                    self._state(RAN, 0),
+                    {
+                        "holder": self.lease.holder,
+                        "finished_at": f"{clock.wall():.3f}",
+                        "fence": self.fence,
+                    },
+                )
+            )
+        except LeaseNotOwned as exc:
+            return RunResult(LEASE_LOST, 4, reason=str(exc))
+        self.log.info("released", extra={"event": "released"})
+        return RunResult(RAN, 0)
+
+    # -- Redis writes at the end of a run ----------------------------------------
+
+    def _store(self, call: Any) -> None:
+        deadline = clock.monotonic() + self.settings.redis.connect_timeout_s
+        with_deadline(call, deadline_s=deadline, what="finish", where=self.where)
+
+    def _release(self, outcome: str, code: int, error: str | None) -> None:
+        try:
+            self._store(
+                lambda: self.lease.release(
+                    self._record(outcome, code, error), self._state(outcome, code)
+                )
+            )
+            self.log.info("released", extra={"event": "released"})
+        except LeaseNotOwned as exc:
+            self.log.warning(f"release refused: {exc}", extra={"event": "release_refused"})
+            self._safe_record(outcome, code, error)
+        except StoreUnavailable as exc:
+            self.log.error(
+                f"could not release; the lease expires by its TTL: {exc}",
+                extra={"event": "release_failed"},
+            )
+
+    def _release_quietly(self, outcome: str, code: int, error: str | None) -> None:
+        """After a loss the lease is most likely someone else's: release only if still ours."""
+        try:
+            self.lease.release(self._record(outcome, code, error), self._state(outcome, code))
+            self.log.info("released", extra={"event": "released"})
+        except LeaseNotOwned:
+            self._safe_record(outcome, code, error)
+        except RedisError as exc:
+            self.log.warning(f"could not record the run: {exc}", extra={"event": "record_failed"})
+
+    def _safe_record(self, outcome: str, code: int, error: str | None) -> None:
+        try:
+            self.lease.record(self._record(outcome, code, error), self._state(outcome, code))
+        except RedisError as exc:
+            self.log.warning(f"could not record the run: {exc}", extra={"event": "record_failed"})
+
+    # -- what is written ----------------------------------------------------------
+
+    def _duration_ms(self) -> int:
+        return int((clock.monotonic() - self.started_mono) * 1000)
+
+    def _record(self, outcome: str, code: int, error: str | None) -> dict[str, str | int | float]:
+        record: dict[str, str | int | float] = {
+            "slot": "" if self.slot is None else self.slot,
+            "holder": self.settings.lease.holder,
+            "fence": self.fence,
+            "outcome": outcome,
+            "exit_code": code,
+            "started_at": f"{self.started_wall:.3f}",
+            "duration_ms": self._duration_ms(),
+        }
+        if error:
+            record["error"] = error[:500]
+        return record
+
+    def _state(self, outcome: str, code: int) -> dict[str, str | int | float]:
+        now = f"{clock.wall():.3f}"
+        state: dict[str, str | int | float] = {
+            "last_run_at": now,
+            "last_outcome": outcome,
+            "last_fence": self.fence,
+            "last_holder": self.settings.lease.holder,
+        }
+        if self.slot is not None:
+            state["last_slot"] = self.slot
+        if self.settings.slots.schedule:
+            state["schedule"] = self.settings.slots.schedule
+            state["timezone"] = self.settings.slots.timezone
+        prefix = "last_success" if outcome == RAN else "last_failure"
+        state[f"{prefix}_at"] = now
+        state[f"{prefix}_duration_ms"] = self._duration_ms()
+        if self.slot is not None:
+            state[f"{prefix}_slot"] = self.slot
+        if outcome != RAN:
+            state["last_failure_outcome"] = outcome
+            state["last_failure_exit_code"] = code
+        return state
+
+    def _finish_log(self, result: RunResult) -> RunResult:
+        level = logging.INFO if result.exit_code == 0 else logging.ERROR
+        if result.outcome == TERMINATED:
+            level = logging.WARNING
+        self.log.log(
+            level,
+            f"finished: {result.outcome}" + (f" ({result.reason})" if result.reason else ""),
+            extra={"event": "terminated" if result.outcome == TERMINATED else "finished",
+                   "outcome": result.outcome, "exit_code": result.exit_code,
+                   "duration_ms": self._duration_ms()},
+        )  # fmt: skip
+        return result

@@ -1,0 +1,319 @@
+"""Typed, grouped settings, built once at the CLI edge from flags, then ``CRON_RUNNER_*``, then defaults.
+
+A bad value raises ``ConfigError`` naming the flag or variable it came from and the accepted form.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import socket
+import sys
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from urllib.parse import unquote, urlsplit
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
+
+from runner.errors import ConfigError
+from runner.keys import PREFIX_RE, validate_name
+
+ENV_PREFIX = "CRON_RUNNER_"
+MIN_TTL_S = 1.0
+
+_DURATION_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h)?\s*$")
+_UNIT_S = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, None: 1.0}
+DURATION_FORM = "a number of seconds or a number with a unit: '30', '30s', '1m', '500ms', '1h'"
+_TRUE = {"1", "true", "yes", "on"}
+_FALSE = {"0", "false", "no", "off", ""}
+
+
+def parse_duration(value: str, origin: str) -> float:
+    match = _DURATION_RE.match(value)
+    if not match:
+        raise ConfigError(f"{origin}={value!r} is not a duration: expected {DURATION_FORM}")
+    return float(match.group(1)) * _UNIT_S[match.group(2)]
+
+
+@dataclass(frozen=True)
+class RedisSettings:
+    url: str = "redis://localhost:6379/0"
+    username: str | None = None
+    password: str | None = field(default=None, repr=False)
+    tls_ca_file: str | None = None
+    tls_cert_file: str | None = None
+    tls_key_file: str | None = None
+    sentinels: tuple[tuple[str, int], ...] = ()
+    sentinel_master: str = "mymaster"
+    sentinel_password: str | None = field(default=None, repr=False)
+    cluster: bool = False
+    min_replicas: int = 0
+    connect_timeout_s: float = 10.0
+
+    @property
+    def display_url(self) -> str:
+        """The URL without credentials: safe for logs and errors."""
+        return redact_url(self.url)
+
+
+@dataclass(frozen=True)
+class LeaseSettings:
+    ttl_s: float = 30.0
+    prefix: str = "cron-runner"
+    scope: str = "default"
+    holder: str = ""
+    slot_retention_s: float | None = None
+
+    @property
+    def ttl_ms(self) -> int:
+        return int(self.ttl_s * 1000)
+
+
+@dataclass(frozen=True)
+class SlotSettings:
+    schedule: str | None = None
+    timezone: str = "UTC"
+    skew_tolerance_s: float = 30.0
+    job_name: str | None = None
+    cronjob_name: str | None = None
+
+
+@dataclass(frozen=True)
+class RunSettings:
+    shutdown_grace_s: float = 25.0
+    mode: str = "run"
+    task_modules: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class LogSettings:
+    format: str = "text"
+    level: str = "INFO"
+
+
+@dataclass(frozen=True)
+class Settings:
+    redis: RedisSettings = field(default_factory=RedisSettings)
+    lease: LeaseSettings = field(default_factory=LeaseSettings)
+    slots: SlotSettings = field(default_factory=SlotSettings)
+    run: RunSettings = field(default_factory=RunSettings)
+    log: LogSettings = field(default_factory=LogSettings)
+
+
+def redact_url(url: str) -> str:
+    parts = urlsplit(url)
+    if parts.password is None and parts.username is None:
+        return url
+    host = parts.hostname or ""
+    if parts.port:
+        host = f"{host}:{parts.port}"
+    user = f"{parts.username}:***@" if parts.username else "***@"
+    return parts._replace(netloc=user + host).geturl()
+
+
+class _Source:
+    """Looks a setting up in the flags, then the environment, and remembers where it came from."""
+
+    def __init__(self, env: Mapping[str, str], flags: Mapping[str, str | None]) -> None:
+        self.env = env
+        self.flags = flags
+
+    def get(self, name: str) -> tuple[str | None, str]:
+        """(value, origin) for ``name`` without the prefix, e.g. 'LEASE_TTL'."""
+        flag = self.flags.get(name)
+        if flag is not None:
+            return flag, "--" + name.lower().replace("_", "-")
+        var = ENV_PREFIX + name
+        value = self.env.get(var)
+        if value is not None and value.strip() != "":
+            return value.strip(), var
+        return None, var
+
+    def duration(self, name: str, default: float, *, minimum_s: float = 0.0) -> float:
+        value, origin = self.get(name)
+        if value is None:
+            return default
+        seconds = parse_duration(value, origin)
+        if seconds < minimum_s or seconds <= 0:
+            raise ConfigError(
+                f"{origin}={value!r} is too small: expected at least {minimum_s or 0.001:g}s"
+            )
+        return seconds
+
+    def boolean(self, name: str, default: bool) -> bool:
+        value, origin = self.get(name)
+        if value is None:
+            return default
+        if value.lower() in _TRUE:
+            return True
+        if value.lower() in _FALSE:
+            return False
+        raise ConfigError(f"{origin}={value!r} is not a boolean: expected true or false")
+
+    def choice(self, name: str, default: str, choices: tuple[str, ...]) -> str:
+        value, origin = self.get(name)
+        if value is None:
+            return default
+        if value.lower() not in choices:
+            raise ConfigError(
+                f"{origin}={value!r} is not valid: expected one of {', '.join(choices)}"
+            )
+        return value.lower()
+
+
+def _redis(src: _Source) -> RedisSettings:
+    url, origin = src.get("REDIS_URL")
+    url = url or RedisSettings.url
+    parts = urlsplit(url)
+    shown = redact_url(url)
+    form = "redis://[user[:password]@]host[:port][/db], rediss://... or unix:///path/to/socket"
+    if parts.scheme not in ("redis", "rediss", "unix"):
+        raise ConfigError(f"{origin}={shown!r} is not a Redis URL: expected {form}")
+    try:
+        port = parts.port
+    except ValueError as exc:
+        raise ConfigError(f"{origin}={shown!r} has a bad port: expected {form}") from exc
+    if parts.scheme != "unix" and not parts.hostname:
+        raise ConfigError(f"{origin}={shown!r} has no host: expected {form}")
+    if parts.scheme == "unix" and not parts.path:
+        raise ConfigError(f"{origin}={shown!r} has no socket path: expected {form}")
+    db = parts.path.strip("/") if parts.scheme != "unix" else ""
+    if db and not db.isdigit():
+        raise ConfigError(f"{origin}={shown!r} has a bad database {db!r}: expected a number")
+    del port
+
+    password, _ = src.get("REDIS_PASSWORD")
+    username, _ = src.get("REDIS_USERNAME")
+    sentinels_raw, sentinels_origin = src.get("REDIS_SENTINELS")
+    sentinels: list[tuple[str, int]] = []
+    for item in (sentinels_raw or "").split(","):
+        if not item.strip():
+            continue
+        host, sep, port_s = item.strip().rpartition(":")
+        if not sep or not host or not port_s.isdigit() or not 0 < int(port_s) < 65536:
+            raise ConfigError(
+                f"{sentinels_origin} entry {item.strip()!r} is not valid: expected host:port[,host:port...]"
+            )
+        sentinels.append((host, int(port_s)))
+    master, _ = src.get("REDIS_SENTINEL_MASTER")
+    sentinel_password, _ = src.get("REDIS_SENTINEL_PASSWORD")
+    min_replicas_raw, min_origin = src.get("REDIS_MIN_REPLICAS")
+    if min_replicas_raw is not None and not min_replicas_raw.isdigit():
+        raise ConfigError(
+            f"{min_origin}={min_replicas_raw!r} is not valid: expected a whole number >= 0"
+        )
+    tls = {name: src.get(f"REDIS_TLS_{name}_FILE") for name in ("CA", "CERT", "KEY")}
+    for value, file_origin in tls.values():
+        if value is not None and not os.path.isfile(value):  # noqa: PTH113 - a path string from env
+            raise ConfigError(f"{file_origin}={value!r}: no such file")
+    cluster = src.boolean("REDIS_CLUSTER", False)
+    if cluster and sentinels:
+        raise ConfigError(
+            "CRON_RUNNER_REDIS_CLUSTER and CRON_RUNNER_REDIS_SENTINELS exclude each other: set one"
+        )
+    return RedisSettings(
+        url=url,
+        username=username or (unquote(parts.username) if parts.username else None),
+        password=password or (unquote(parts.password) if parts.password else None),
+        tls_ca_file=tls["CA"][0],
+        tls_cert_file=tls["CERT"][0],
+        tls_key_file=tls["KEY"][0],
+        sentinels=tuple(sentinels),
+        sentinel_master=master or RedisSettings.sentinel_master,
+        sentinel_password=sentinel_password,
+        cluster=cluster,
+        min_replicas=int(min_replicas_raw or 0),
+        connect_timeout_s=src.duration("CONNECT_TIMEOUT", RedisSettings.connect_timeout_s),
+    )
+
+
+def default_holder() -> str:
+    return f"{socket.gethostname()}:{os.getpid()}"
+
+
+def _lease(src: _Source) -> LeaseSettings:
+    ttl_raw, ttl_origin = src.get("LEASE_TTL")
+    ttl_s = LeaseSettings.ttl_s
+    if ttl_raw is not None:
+        ttl_s = parse_duration(ttl_raw, ttl_origin)
+        if ttl_s < MIN_TTL_S:
+            raise ConfigError(
+                f"{ttl_origin}={ttl_raw!r} is too small: the lease is renewed every ttl/3 and "
+                f"needs at least {MIN_TTL_S:g}s ({DURATION_FORM})"
+            )
+    prefix, prefix_origin = src.get("KEY_PREFIX")
+    if prefix is not None and not PREFIX_RE.match(prefix):
+        raise ConfigError(
+            f"{prefix_origin}={prefix!r} is not valid: expected letters, digits, '.', '_', '-' "
+            "or ':' (no braces), at most 63 characters"
+        )
+    scope, scope_origin = src.get("SCOPE")
+    if scope is not None:
+        validate_name(scope_origin, scope)
+    holder, holder_origin = src.get("HOLDER")
+    if holder is not None and (len(holder) > 253 or any(c.isspace() for c in holder)):
+        raise ConfigError(
+            f"{holder_origin}={holder!r} is not valid: expected at most 253 characters, no spaces"
+        )
+    retention_raw, retention_origin = src.get("SLOT_RETENTION")
+    return LeaseSettings(
+        ttl_s=ttl_s,
+        prefix=prefix or LeaseSettings.prefix,
+        scope=scope or LeaseSettings.scope,
+        holder=holder or default_holder(),
+        slot_retention_s=(
+            parse_duration(retention_raw, retention_origin) if retention_raw is not None else None
+        ),
+    )
+
+
+def _slots(src: _Source) -> SlotSettings:
+    tz, tz_origin = src.get("TIMEZONE")
+    if tz is not None:
+        try:
+            ZoneInfo(tz)
+        except (ZoneInfoNotFoundError, ValueError) as exc:
+            raise ConfigError(
+                f"{tz_origin}={tz!r} is not a known time zone: expected an IANA name such as "
+                "'UTC' or 'Europe/Berlin'"
+            ) from exc
+    schedule, _ = src.get("SCHEDULE")
+    job_name, _ = src.get("JOB_NAME")
+    cronjob_name, _ = src.get("CRONJOB_NAME")
+    return SlotSettings(
+        schedule=schedule,
+        timezone=tz or SlotSettings.timezone,
+        skew_tolerance_s=src.duration("SKEW_TOLERANCE", SlotSettings.skew_tolerance_s),
+        job_name=job_name,
+        cronjob_name=cronjob_name,
+    )
+
+
+def load_settings(
+    env: Mapping[str, str], flags: Mapping[str, str | None] | None = None
+) -> Settings:
+    """Flags are keyed like the variables without ``CRON_RUNNER_`` (e.g. ``{"LEASE_TTL": "5s"}``)."""
+    src = _Source(env, flags or {})
+    modules_raw, _ = src.get("TASK_MODULES")
+    log_format_default = "text" if sys.stderr.isatty() else "json"
+    settings = Settings(
+        redis=_redis(src),
+        lease=_lease(src),
+        slots=_slots(src),
+        run=RunSettings(
+            shutdown_grace_s=src.duration("SHUTDOWN_GRACE", RunSettings.shutdown_grace_s),
+            mode=src.choice("MODE", "run", ("run", "enqueue")),
+            task_modules=tuple(m.strip() for m in (modules_raw or "").split(",") if m.strip()),
+        ),
+        log=LogSettings(
+            format=src.choice("LOG_FORMAT", log_format_default, ("json", "text")),
+            level=src.choice("LOG_LEVEL", "info", ("debug", "info", "warning", "error")).upper(),
+        ),
+    )
+    if settings.slots.schedule is not None:
+        # Validate now (bad cron, tolerance too large) so the error names the setting.
+        from runner.slots import Schedule  # noqa: PLC0415 - croniter only when a schedule is set
+
+        Schedule.parse(
+            settings.slots.schedule, settings.slots.timezone, settings.slots.skew_tolerance_s
+        )
+    return settings

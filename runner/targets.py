@@ -1,0 +1,156 @@
+"""What a run executes: a Python callable in a worker thread, or a command in its own process group.
+
+Both offer the same small interface to execution: start, poll, cancel (polite), kill (forced).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import signal
+import subprocess
+import threading
+from collections.abc import Sequence
+from typing import Protocol
+
+from runner.errors import Cancelled
+from runner.tasks import RunContext, TaskFn
+
+log = logging.getLogger("runner")
+
+
+class Target(Protocol):
+    def start(self, ctx: RunContext) -> None: ...
+
+    def poll(self, timeout_s: float) -> bool:
+        """Wait up to timeout_s; True once the task has stopped."""
+        ...
+
+    def cancel(self) -> None: ...
+
+    def kill(self) -> bool:
+        """Force the task to stop. False if it cannot be forced (a Python thread)."""
+        ...
+
+    def exit_code(self) -> int:
+        """0 for success, the command's own code, or 1 when a Python task raised."""
+        ...
+
+    def error(self) -> str | None: ...
+
+
+class PythonTarget:
+    def __init__(self, fn: TaskFn) -> None:
+        self.fn = fn
+        self._thread: threading.Thread | None = None
+        self._exc: BaseException | None = None
+        self._ctx: RunContext | None = None
+
+    def start(self, ctx: RunContext) -> None:
+        self._ctx = ctx
+        # Daemon: a task that ignores cancellation must not keep the process alive
+        # after the runner has decided to exit.
+        self._thread = threading.Thread(target=self._run, name="task", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        assert self._ctx is not None
+        try:
+            self.fn(self._ctx)
+        except BaseException as exc:  # noqa: BLE001 - reported by exit_code()/error()
+            self._exc = exc
+
+    def poll(self, timeout_s: float) -> bool:
+        assert self._thread is not None
+        self._thread.join(timeout_s)
+        return not self._thread.is_alive()
+
+    def cancel(self) -> None:
+        """The context's ``cancelled`` event is what a Python task watches; set by execution."""
+
+    def kill(self) -> bool:
+        return False
+
+    def exit_code(self) -> int:
+        return 0 if self._exc is None else 1
+
+    def error(self) -> str | None:
+        if self._exc is None:
+            return None
+        if isinstance(self._exc, Cancelled):
+            return f"cancelled: {self._exc}"
+        return f"{type(self._exc).__name__}: {self._exc}"
+
+
+class CommandTarget:
+    def __init__(self, argv: Sequence[str]) -> None:
+        self.argv = list(argv)
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self, ctx: RunContext) -> None:
+        env = dict(os.environ)
+        env.update(
+            CRON_RUNNER_TASK=ctx.task,
+            CRON_RUNNER_FENCING_TOKEN=str(ctx.fencing_token),
+            CRON_RUNNER_SLOT="" if ctx.slot is None else str(ctx.slot),
+            CRON_RUNNER_HOLDER=ctx.holder,
+        )
+        # Its own process group, so that cancel and kill reach every process it starts,
+        # and a terminal's Ctrl-C reaches only the runner, which then decides.
+        self.proc = subprocess.Popen(self.argv, env=env, process_group=0)
+
+    @property
+    def pid(self) -> int:
+        assert self.proc is not None
+        return self.proc.pid
+
+    def poll(self, timeout_s: float) -> bool:
+        assert self.proc is not None
+        try:
+            self.proc.wait(timeout_s)
+        except subprocess.TimeoutExpired:
+            return False
+        # The leader is gone: whatever it left behind in its group must not outlive the lease.
+        self._signal_group(signal.SIGKILL)
+        return True
+
+    def cancel(self) -> None:
+        self._signal_group(signal.SIGTERM)
+
+    def kill(self) -> bool:
+        self._signal_group(signal.SIGKILL)
+        assert self.proc is not None
+        self.proc.wait()
+        return True
+
+    def _signal_group(self, sig: signal.Signals) -> None:
+        assert self.proc is not None
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(self.proc.pid, sig)
+
+    def exit_code(self) -> int:
+        assert self.proc is not None and self.proc.returncode is not None
+        code = self.proc.returncode
+        # Killed by a signal: report it as a shell would (128 + signal number).
+        return 128 - code if code < 0 else code
+
+    def error(self) -> str | None:
+        code = self.exit_code()
+        return None if code == 0 else f"command exited with code {code}"
+
+
+def reap_orphans(keep_pid: int | None) -> int:
+    """As PID 1, collect exited orphans that were re-parented to us. Never touches ``keep_pid``,
+    whose status belongs to its Popen."""
+    reaped = 0
+    while True:
+        try:
+            info = os.waitid(os.P_ALL, 0, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+        except ChildProcessError:
+            return reaped
+        if info is None or info.si_pid == keep_pid:
+            return reaped
+        with contextlib.suppress(ChildProcessError):
+            os.waitpid(info.si_pid, 0)
+        reaped += 1
