@@ -8,9 +8,9 @@ from dataclasses import dataclass
 from runner.errors import ConfigError
 
 # Braces would break the hash tag and colons the key layout; anything a DNS label or a
-# Python identifier allows is accepted.
-NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")
-PREFIX_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,62}$")
+# Python identifier allows is accepted. \Z, not $: $ also matches before a trailing newline.
+NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}\Z")
+PREFIX_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,62}\Z")
 NAME_FORM = "1-63 characters of letters, digits, '.', '_' or '-', starting with a letter or digit"
 
 
