@@ -1,0 +1,57 @@
+# cron-runner: the entrypoint every CronJob pod of the chart runs.
+#
+#   docker build -t cron-runner .
+#
+# BASE_IMAGE is any Debian-like image with python3 and its venv module: python:3.12-slim for
+# users, a local bookworm base in this repository's tests (scripts/image.sh), where no
+# registry is reachable. Both stages use it, so the venv copied below matches its interpreter.
+ARG BASE_IMAGE=python:3.12-slim
+
+FROM ${BASE_IMAGE} AS builder
+# Extras the image carries, from pyproject.toml: adding one is adding a word here.
+ARG EXTRAS=hiredis
+ENV PIP_NO_CACHE_DIR=1 \
+    PIP_DISABLE_PIP_VERSION_CHECK=1 \
+    PIP_ROOT_USER_ACTION=ignore
+WORKDIR /src
+COPY pyproject.toml constraints.txt README.md ./
+COPY runner ./runner
+# The venv keeps pip, so that `FROM cron-runner` + `pip install their-tasks` works
+# (examples/custom-image); setuptools (Python 3.11's venvs have it) is not needed at run
+# time. Bytecode is compiled once, here, with hashes that are never checked against
+# source mtimes: the root filesystem is read-only at run time.
+RUN python3 -m venv /opt/cron-runner \
+ && /opt/cron-runner/bin/pip wheel --no-deps --wheel-dir /wheels . \
+ && /opt/cron-runner/bin/pip install --constraint constraints.txt \
+        "$(echo /wheels/cron_runner-*.whl)[${EXTRAS}]" \
+ && /opt/cron-runner/bin/pip uninstall --yes --quiet setuptools \
+ && /opt/cron-runner/bin/python -m compileall -q --invalidation-mode unchecked-hash \
+        /opt/cron-runner/lib
+
+FROM ${BASE_IMAGE}
+ARG VERSION=0.1.0
+LABEL org.opencontainers.image.title="cron-runner" \
+      org.opencontainers.image.description="Run a scheduled job once and only once across replicas, clusters and servers, with a Redis lease." \
+      org.opencontainers.image.source="https://github.com/cron-runner/cron-runner" \
+      org.opencontainers.image.version="${VERSION}" \
+      org.opencontainers.image.licenses="Apache-2.0"
+
+# uid/gid 10001 match the chart's runAsUser/runAsGroup.
+RUN groupadd --gid 10001 cron-runner \
+ && useradd --uid 10001 --gid 10001 --no-create-home --home-dir /tmp \
+        --shell /usr/sbin/nologin cron-runner
+
+COPY --from=builder /opt/cron-runner /opt/cron-runner
+
+# Nothing writes outside /tmp (an emptyDir under readOnlyRootFilesystem), and no .pyc is
+# written at run time: they were compiled in the builder.
+ENV PATH=/opt/cron-runner/bin:$PATH \
+    PYTHONUNBUFFERED=1 \
+    PYTHONDONTWRITEBYTECODE=1 \
+    HOME=/tmp
+
+USER 10001:10001
+# No init shim (tini, dumb-init): as PID 1 the runner handles SIGTERM/SIGINT itself, runs a
+# command task in its own process group, and reaps its children.
+ENTRYPOINT ["cron-runner"]
+CMD ["--help"]

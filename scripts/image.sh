@@ -1,0 +1,159 @@
+#!/usr/bin/env bash
+# Build and exercise the container image with Debian's podman, buildah and runc: no Docker
+# daemon, no registry. Everything podman and buildah create stays under $WORK
+# (configuration, graphroot, runroot, TMPDIR, locks, network configuration), so this never
+# touches the machine's own containers or images, and `clean` can delete all of it.
+#
+#   scripts/image.sh build       the base (mmdebstrap, tarball cached) and localhost/cron-runner:test
+#   scripts/image.sh test        build, run the image tests (pytest -m image), print figures, clean
+#   scripts/image.sh clean       remove our pods, images and storage; keep the cached base tarball
+#   scripts/image.sh env CMD...  run CMD with the private configuration (e.g. `env podman ps -a`)
+#
+# The base stands in for python:3.12-slim: Debian bookworm's python3 (3.11) and python3-venv.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+WORK=${IMAGE_WORK:-$PWD/.work/podman}
+BASE_IMAGE=localhost/py-base:bookworm
+IMAGE=${IMAGE:-localhost/cron-runner:test}
+BASE_TAR=$WORK/cache/py-base-bookworm.tar
+PYTEST=${PYTEST:-.venv/bin/pytest}
+# What configure() creates, and so what clean() removes; cache/ is kept.
+OWNED_DIRS=(conf storage run tmp libpod networks)
+
+die() { echo "image.sh: $*" >&2; exit 1; }
+
+require_tools() {
+    local tool missing=()
+    for tool in podman buildah runc mmdebstrap; do
+        command -v "$tool" >/dev/null || missing+=("$tool")
+    done
+    ((${#missing[@]} == 0)) || die "missing ${missing[*]}: apt-get install -y podman buildah runc mmdebstrap"
+}
+
+configure() {
+    local d
+    for d in "${OWNED_DIRS[@]}" cache; do mkdir -p "$WORK/$d"; done
+    cat >"$WORK/conf/storage.conf" <<EOF
+[storage]
+driver = "overlay"
+graphroot = "$WORK/storage"
+runroot = "$WORK/run"
+EOF
+    # crun fails on this machine kind's cgroup layout, and podman's default ulimits exceed
+    # its hard limits. File locks, our own network directory and the CNI backend (never
+    # invoked: every container here uses the host network) keep podman out of /dev/shm,
+    # /etc/containers and /run/containers.
+    cat >"$WORK/conf/containers.conf" <<EOF
+[containers]
+default_ulimits = ["nofile=20000:20000", "nproc=32768:32768"]
+
+[engine]
+runtime = "runc"
+cgroup_manager = "cgroupfs"
+events_logger = "file"
+tmp_dir = "$WORK/libpod"
+lock_type = "file"
+
+[network]
+network_config_dir = "$WORK/networks"
+network_backend = "cni"
+EOF
+    export CONTAINERS_CONF=$WORK/conf/containers.conf
+    export CONTAINERS_STORAGE_CONF=$WORK/conf/storage.conf
+    export TMPDIR=$WORK/tmp
+    export IMAGE
+}
+
+debian_mirror() {
+    local mirror=""
+    if [[ -r /etc/apt/sources.list.d/debian.sources ]]; then
+        mirror=$(awk '$1 == "URIs:" { print $2; exit }' /etc/apt/sources.list.d/debian.sources)
+    fi
+    echo "${mirror:-http://deb.debian.org/debian}"
+}
+
+base() {
+    podman image exists "$BASE_IMAGE" && return
+    if [[ ! -s $BASE_TAR ]]; then
+        echo "image.sh: mmdebstrap bookworm python3 base (about a minute; cached in $BASE_TAR)"
+        mmdebstrap --quiet --variant=minbase --include=python3,python3-venv \
+            --aptopt='APT::Install-Recommends "false"' --format=tar \
+            bookworm "$BASE_TAR.partial" "$(debian_mirror)"
+        mv "$BASE_TAR.partial" "$BASE_TAR"
+    fi
+    podman import --quiet "$BASE_TAR" "$BASE_IMAGE" >/dev/null
+}
+
+build() {
+    base
+    # Host network: RUN steps reach PyPI without podman creating bridges or firewall rules.
+    local version ca_bundle=${PIP_CERT:-/etc/ssl/certs/ca-certificates.crt} trust=()
+    version=$(sed -n 's/^version = "\(.*\)"$/\1/p' pyproject.toml)
+    # pip in the builder trusts only its own certifi bundle; this machine kind reaches PyPI
+    # through a proxy whose CA only the host trusts. Hand the host's bundle to the RUN steps
+    # through a pip.conf mounted for the build only: it is in no layer.
+    if [[ -r $ca_bundle ]]; then
+        printf '[global]\ncert = /run/host-ca.crt\n' >"$WORK/conf/pip.conf"
+        trust=(--volume "$ca_bundle:/run/host-ca.crt:ro" --volume "$WORK/conf/pip.conf:/etc/pip.conf:ro")
+    fi
+    buildah bud --quiet --layers --network host "${trust[@]}" \
+        --build-arg BASE_IMAGE="$BASE_IMAGE" --build-arg VERSION="$version" -t "$IMAGE" .
+}
+
+figures() {
+    local image_b base_b
+    image_b=$(podman image inspect --format '{{.Size}}' "$IMAGE")
+    base_b=$(podman image inspect --format '{{.Size}}' "$BASE_IMAGE")
+    echo "== image figures ($IMAGE)"
+    awk -v i="$image_b" -v b="$base_b" 'BEGIN {
+        printf "image size:            %6.1f MB\n", i / 1e6
+        printf "base image:            %6.1f MB\n", b / 1e6
+        printf "our layers above base: %6.1f MB\n", (i - b) / 1e6 }'
+    podman history --format '{{.Size}}\t{{.CreatedBy}}' "$IMAGE" | cut -c1-110 | head -n 12
+    [[ -s $WORK/figures.txt ]] && cat "$WORK/figures.txt"
+    return 0
+}
+
+unmount_below_work() {
+    local mnt
+    # Deepest first, so that nested mounts go before their parents.
+    awk -v w="$WORK/" 'index($5, w) == 1 { print $5 }' /proc/self/mountinfo | sort -r |
+        while read -r mnt; do umount "$mnt" || umount -l "$mnt"; done
+}
+
+clean() {
+    [[ -f $WORK/conf/containers.conf ]] || return 0
+    configure
+    if command -v podman >/dev/null; then
+        # The storage is private, so "all" means only what this script and its tests made.
+        podman pod rm --all --force --time 0 >/dev/null 2>&1 || true
+        podman rm --all --force --time 0 >/dev/null 2>&1 || true
+        buildah rm --all >/dev/null 2>&1 || true
+        podman rmi --all --force >/dev/null 2>&1 || true
+    fi
+    unmount_below_work
+    local d
+    for d in "${OWNED_DIRS[@]}"; do rm -rf "${WORK:?}/$d"; done
+    rm -f "$WORK/figures.txt" "$BASE_TAR.partial"
+}
+
+run_tests() {
+    [[ ${KEEP_IMAGE:-0} == 1 ]] || trap clean EXIT
+    build
+    rm -f "$WORK/figures.txt"
+    IMAGE_FIGURES=$WORK/figures.txt "$PYTEST" -m image tests/image "$@"
+    figures
+}
+
+command=${1:-}
+shift || true
+case $command in
+    base) require_tools; configure; base ;;
+    build) require_tools; configure; build ;;
+    test) require_tools; configure; run_tests "$@" ;;
+    figures) configure; figures ;;
+    clean) clean ;;
+    env) configure; exec "$@" ;;
+    *) die "usage: scripts/image.sh base|build|test|clean|figures|env CMD..." ;;
+esac
