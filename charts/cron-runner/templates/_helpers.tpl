@@ -1,0 +1,357 @@
+{{/* Chart name, overridable. */}}
+{{- define "cron-runner.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{/*
+The prefix of every resource name. Not truncated: CronJob names are checked
+whole in "cron-runner.cronjobName", where truncating could make two tasks collide.
+*/}}
+{{- define "cron-runner.fullname" -}}
+{{- if .Values.fullnameOverride }}
+{{- .Values.fullnameOverride | trimSuffix "-" }}
+{{- else }}
+{{- $name := default .Chart.Name .Values.nameOverride }}
+{{- if contains $name .Release.Name }}
+{{- .Release.Name | trimSuffix "-" }}
+{{- else }}
+{{- printf "%s-%s" .Release.Name $name | trimSuffix "-" }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{- define "cron-runner.chart" -}}
+{{- printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{- define "cron-runner.namespace" -}}
+{{- .Release.Namespace }}
+{{- end }}
+
+{{- define "cron-runner.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "cron-runner.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+{{- end }}
+
+{{- define "cron-runner.labels" -}}
+helm.sh/chart: {{ include "cron-runner.chart" . }}
+{{ include "cron-runner.selectorLabels" . }}
+app.kubernetes.io/version: {{ .Values.image.tag | default .Chart.AppVersion | trunc 63 | trimSuffix "-" | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+{{- end }}
+
+{{/* Components the chart itself uses; no task may take these names. */}}
+{{- define "cron-runner.reservedComponents" -}}
+{{- list "bundled-redis" "connection-test" | toJson }}
+{{- end }}
+
+{{/*
+Labels of one task's objects and pods: the standard ones plus
+app.kubernetes.io/component=<task>, which `kubectl logs -l` selects on.
+Call with (dict "root" $ "name" $taskName).
+*/}}
+{{- define "cron-runner.taskLabels" -}}
+{{ include "cron-runner.labels" .root }}
+app.kubernetes.io/component: {{ .name }}
+{{- end }}
+
+{{/*
+The CronJob name of a task. The CronJob controller names each Job
+<cronjob>-<minutes since epoch> (11 more characters) and the pod label
+batch.kubernetes.io/job-name, which the runner reads its slot from, holds at
+most 63: so a CronJob name may have at most 52. Fail instead of truncating,
+which could give two tasks the same name.
+*/}}
+{{- define "cron-runner.cronjobName" -}}
+{{- $name := printf "%s-%s" (include "cron-runner.fullname" .root) .name }}
+{{- if gt (len $name) 52 }}
+{{- fail (printf "task %q: its CronJob name %q is %d characters; Kubernetes allows at most 52 (each Job appends an 11-character timestamp). Shorten the task name, or set fullnameOverride." .name $name (len $name)) }}
+{{- end }}
+{{- $name }}
+{{- end }}
+
+{{- define "cron-runner.image" -}}
+{{- $tag := .Values.image.tag | default .Chart.AppVersion }}
+{{- if .Values.image.digest }}
+{{- printf "%s:%s@%s" .Values.image.repository $tag .Values.image.digest }}
+{{- else }}
+{{- printf "%s:%s" .Values.image.repository $tag }}
+{{- end }}
+{{- end }}
+
+{{- define "cron-runner.serviceAccountName" -}}
+{{- if .Values.serviceAccount.create }}
+{{- default (include "cron-runner.fullname" .) .Values.serviceAccount.name }}
+{{- else }}
+{{- default "default" .Values.serviceAccount.name }}
+{{- end }}
+{{- end }}
+
+{{- define "cron-runner.redis.fullname" -}}
+{{- printf "%s-redis" (include "cron-runner.fullname" .) }}
+{{- end }}
+
+{{- define "cron-runner.redis.selectorLabels" -}}
+{{ include "cron-runner.selectorLabels" . }}
+app.kubernetes.io/component: bundled-redis
+{{- end }}
+
+{{/* The Secret and key the Redis password comes from; empty name when there is none. */}}
+{{- define "cron-runner.redis.passwordSecret" -}}
+{{- if .Values.redis.auth.existingSecret }}
+{{- dict "name" .Values.redis.auth.existingSecret "key" .Values.redis.auth.passwordKey | toJson }}
+{{- else if .Values.redis.bundled.enabled }}
+{{- dict "name" (include "cron-runner.redis.fullname" .) "key" "password" | toJson }}
+{{- else }}
+{{- dict "name" "" "key" "" | toJson }}
+{{- end }}
+{{- end }}
+
+{{/* True when a Redis to connect to is configured. */}}
+{{- define "cron-runner.redis.configured" -}}
+{{- $r := .Values.redis }}
+{{- if or $r.url $r.host $r.bundled.enabled (and $r.sentinel.enabled $r.sentinel.hosts) }}true{{ end }}
+{{- end }}
+
+{{/*
+CRON_RUNNER_REDIS_URL, never with credentials. With Sentinel the host part
+names the monitored primary (the runner asks the sentinels for its address);
+only the scheme and db are used.
+*/}}
+{{- define "cron-runner.redis.url" -}}
+{{- $r := .Values.redis }}
+{{- $scheme := "redis" }}
+{{- if $r.tls.enabled }}{{ $scheme = "rediss" }}{{ end }}
+{{- if $r.url }}
+{{- if regexMatch "^[a-z]+://[^/]*@" $r.url }}
+{{- fail "redis.url must not carry credentials: put the password in a Secret and set redis.auth.existingSecret (and redis.auth.username for an ACL user)" }}
+{{- end }}
+{{- if and $r.tls.enabled (hasPrefix "redis://" $r.url) }}
+{{- fail "redis.tls.enabled is true but redis.url starts with redis://: use rediss://" }}
+{{- end }}
+{{- $r.url }}
+{{- else if $r.bundled.enabled }}
+{{- if $r.tls.enabled }}
+{{- fail "redis.tls.enabled cannot be combined with redis.bundled.enabled: the bundled Redis has no TLS" }}
+{{- end }}
+{{- printf "redis://%s.%s.svc:6379/%d" (include "cron-runner.redis.fullname" .) (include "cron-runner.namespace" .) (int64 $r.db) }}
+{{- else if $r.sentinel.enabled }}
+{{- if not $r.sentinel.hosts }}
+{{- fail "redis.sentinel.enabled is true but redis.sentinel.hosts is empty: list the sentinels as host:port" }}
+{{- end }}
+{{- printf "%s://%s/%d" $scheme $r.sentinel.masterName (int64 $r.db) }}
+{{- else if $r.host }}
+{{- printf "%s://%s:%d/%d" $scheme $r.host (int64 $r.port) (int64 $r.db) }}
+{{- else }}
+{{- fail "no Redis configured: set redis.host (or redis.url, redis.sentinel.hosts), or redis.bundled.enabled=true to try the chart out" }}
+{{- end }}
+{{- end }}
+
+{{/* The Redis part of the environment contract, shared by the tasks and the test Pod. */}}
+{{- define "cron-runner.redis.env" -}}
+{{- $r := .Values.redis }}
+- name: CRON_RUNNER_REDIS_URL
+  value: {{ include "cron-runner.redis.url" . | quote }}
+{{- if $r.auth.username }}
+- name: CRON_RUNNER_REDIS_USERNAME
+  value: {{ $r.auth.username | quote }}
+{{- end }}
+{{- $secret := include "cron-runner.redis.passwordSecret" . | fromJson }}
+{{- if $secret.name }}
+- name: CRON_RUNNER_REDIS_PASSWORD
+  valueFrom:
+    secretKeyRef:
+      name: {{ $secret.name }}
+      key: {{ $secret.key }}
+{{- end }}
+{{- if $r.tls.enabled }}
+{{- if not $r.tls.existingSecret }}
+{{- fail "redis.tls.enabled is true but redis.tls.existingSecret is empty: name the Secret that holds the CA bundle" }}
+{{- end }}
+- name: CRON_RUNNER_REDIS_TLS_CA_FILE
+  value: /etc/cron-runner/redis-tls/ca.crt
+{{- if and $r.tls.certKey $r.tls.keyKey }}
+- name: CRON_RUNNER_REDIS_TLS_CERT_FILE
+  value: /etc/cron-runner/redis-tls/tls.crt
+- name: CRON_RUNNER_REDIS_TLS_KEY_FILE
+  value: /etc/cron-runner/redis-tls/tls.key
+{{- end }}
+{{- end }}
+{{- if $r.sentinel.enabled }}
+- name: CRON_RUNNER_REDIS_SENTINELS
+  value: {{ join "," $r.sentinel.hosts | quote }}
+- name: CRON_RUNNER_REDIS_SENTINEL_MASTER
+  value: {{ $r.sentinel.masterName | quote }}
+{{- if $r.sentinel.existingSecret }}
+- name: CRON_RUNNER_REDIS_SENTINEL_PASSWORD
+  valueFrom:
+    secretKeyRef:
+      name: {{ $r.sentinel.existingSecret }}
+      key: {{ $r.sentinel.passwordKey }}
+{{- end }}
+{{- end }}
+{{- if $r.cluster.enabled }}
+- name: CRON_RUNNER_REDIS_CLUSTER
+  value: "true"
+{{- end }}
+{{- if $r.minReplicas }}
+- name: CRON_RUNNER_REDIS_MIN_REPLICAS
+  value: {{ int64 $r.minReplicas | quote }}
+{{- end }}
+{{- end }}
+
+{{/* Volumes and mounts for the Redis TLS files. */}}
+{{- define "cron-runner.redis.tlsVolume" -}}
+{{- $tls := .Values.redis.tls }}
+{{- if $tls.enabled }}
+- name: redis-tls
+  secret:
+    secretName: {{ $tls.existingSecret }}
+    defaultMode: 0440
+    items:
+      - key: {{ $tls.caKey }}
+        path: ca.crt
+      {{- if and $tls.certKey $tls.keyKey }}
+      - key: {{ $tls.certKey }}
+        path: tls.crt
+      - key: {{ $tls.keyKey }}
+        path: tls.key
+      {{- end }}
+{{- end }}
+{{- end }}
+
+{{- define "cron-runner.redis.tlsVolumeMount" -}}
+{{- if .Values.redis.tls.enabled }}
+- name: redis-tls
+  mountPath: /etc/cron-runner/redis-tls
+  readOnly: true
+{{- end }}
+{{- end }}
+
+{{- define "cron-runner.tmpVolume" -}}
+- name: tmp
+  emptyDir:
+    {{- if .Values.tmp.sizeLimit }}
+    sizeLimit: {{ .Values.tmp.sizeLimit }}
+    {{- else }} {}
+    {{- end }}
+{{- end }}
+
+{{/*
+An env map as a JSON list of EnvVars, sorted by name: a scalar becomes
+`value`, an object (e.g. {valueFrom: ...}) is the entry itself, null is dropped.
+*/}}
+{{- define "cron-runner.envList" -}}
+{{- $out := list }}
+{{- range $name := keys . | sortAlpha }}
+{{- $v := index $ $name }}
+{{- if kindIs "map" $v }}
+{{- $out = append $out (merge (dict "name" $name) $v) }}
+{{- else if not (kindIs "invalid" $v) }}
+{{- $out = append $out (dict "name" $name "value" (toString $v)) }}
+{{- end }}
+{{- end }}
+{{- $out | toJson }}
+{{- end }}
+
+{{/* jobDefaults fields a task may override; the task's value replaces the default whole. */}}
+{{- define "cron-runner.jobFields" -}}
+{{- list "concurrencyPolicy" "startingDeadlineSeconds" "successfulJobsHistoryLimit" "failedJobsHistoryLimit" "backoffLimit" "activeDeadlineSeconds" "ttlSecondsAfterFinished" "restartPolicy" "podFailurePolicy" "terminationGracePeriodSeconds" "resources" "nodeSelector" "tolerations" "affinity" "priorityClassName" "podAnnotations" "podLabels" "extraVolumes" "extraVolumeMounts" | toJson }}
+{{- end }}
+
+{{/*
+A task's effective job settings as JSON: each jobDefaults field, unless the
+task sets it. hasKey rather than `default`, so a task's 0 or false survives.
+Call with (dict "root" $ "task" $task).
+*/}}
+{{- define "cron-runner.jobSettings" -}}
+{{- $job := dict }}
+{{- range $field := include "cron-runner.jobFields" . | fromJsonArray }}
+{{- if hasKey $.task $field }}
+{{- $_ := set $job $field (index $.task $field) }}
+{{- else }}
+{{- $_ := set $job $field (index $.root.Values.jobDefaults $field) }}
+{{- end }}
+{{- end }}
+{{- $job | toJson }}
+{{- end }}
+
+{{/* Refuse a task the API server or the runner would refuse later, naming the task. */}}
+{{- define "cron-runner.validateTask" -}}
+{{- $name := .name }}
+{{- $task := .task }}
+{{- $job := .job }}
+{{- if not (regexMatch "^[a-z0-9]([-a-z0-9]*[a-z0-9])?$" $name) }}
+{{- fail (printf "task %q: a task name must be a DNS label (lower-case letters, digits and '-', starting and ending with a letter or digit)" $name) }}
+{{- end }}
+{{- if has $name (include "cron-runner.reservedComponents" .root | fromJsonArray) }}
+{{- fail (printf "task %q: this name is reserved for the chart's own pods; choose another" $name) }}
+{{- end }}
+{{- if not (kindIs "map" $task) }}
+{{- fail (printf "task %q: expected a map with at least schedule and task or command" $name) }}
+{{- end }}
+{{- if not $task.schedule }}
+{{- fail (printf "task %q: schedule is required (a 5-field cron expression such as \"0 2 * * *\")" $name) }}
+{{- end }}
+{{- $hasTask := not (empty $task.task) }}
+{{- $hasCommand := not (empty $task.command) }}
+{{- if and $hasTask $hasCommand }}
+{{- fail (printf "task %q: set either task (a registered task name) or command (a list), not both" $name) }}
+{{- end }}
+{{- if not (or $hasTask $hasCommand) }}
+{{- fail (printf "task %q: set task (a registered task name) or command (a list)" $name) }}
+{{- end }}
+{{- if and $hasCommand (not (kindIs "slice" $task.command)) }}
+{{- fail (printf "task %q: command must be a list, e.g. [php, artisan, report:send]" $name) }}
+{{- end }}
+{{- $grace := $job.terminationGracePeriodSeconds }}
+{{- if or (kindIs "invalid" $grace) (lt (int64 $grace) 6) }}
+{{- fail (printf "task %q: terminationGracePeriodSeconds must be at least 6: the runner gets 5 s less to stop the task and release its lease" $name) }}
+{{- end }}
+{{- if and $job.podFailurePolicy (ne (toString $job.restartPolicy) "Never") }}
+{{- fail (printf "task %q: podFailurePolicy needs restartPolicy Never; set podFailurePolicy: null to use %s" $name (toString $job.restartPolicy)) }}
+{{- end }}
+{{- end }}
+
+{{/*
+OTEL_* for a task, as a JSON list, when telemetry is configured. The resource
+attributes refer to the downward-API variables defined before them.
+Call with (dict "root" $ "cronjob" $cronjobName).
+*/}}
+{{- define "cron-runner.otelEnv" -}}
+{{- $t := .root.Values.telemetry }}
+{{- $env := list }}
+{{- if or $t.endpoint $t.env }}
+{{- if $t.endpoint }}
+{{- $env = append $env (dict "name" "OTEL_EXPORTER_OTLP_ENDPOINT" "value" (toString $t.endpoint)) }}
+{{- end }}
+{{- if $t.protocol }}
+{{- $env = append $env (dict "name" "OTEL_EXPORTER_OTLP_PROTOCOL" "value" (toString $t.protocol)) }}
+{{- end }}
+{{- if $t.serviceName }}
+{{- $env = append $env (dict "name" "OTEL_SERVICE_NAME" "value" (toString $t.serviceName)) }}
+{{- end }}
+{{- $attrs := list "k8s.namespace.name=$(CRON_RUNNER_SCOPE)" "k8s.pod.name=$(CRON_RUNNER_HOLDER)" (printf "k8s.cronjob.name=%s" .cronjob) "k8s.job.name=$(CRON_RUNNER_JOB_NAME)" }}
+{{- range $k := keys (default dict $t.resourceAttributes) | sortAlpha }}
+{{- $attrs = append $attrs (printf "%s=%s" $k (toString (index $t.resourceAttributes $k))) }}
+{{- end }}
+{{- $env = append $env (dict "name" "OTEL_RESOURCE_ATTRIBUTES" "value" (join "," $attrs)) }}
+{{- $env = concat $env (include "cron-runner.envList" (default dict $t.env) | fromJsonArray) }}
+{{- end }}
+{{- $env | toJson }}
+{{- end }}
+
+{{/* redis.conf of the bundled Redis. The password is passed on the command line from the Secret. */}}
+{{- define "cron-runner.redis.conf" -}}
+{{- $b := .Values.redis.bundled -}}
+port 6379
+dir /data
+# Leases must survive a restart: log every write, fsync once a second.
+appendonly yes
+appendfsync everysec
+# An evicting policy silently drops leases.
+maxmemory-policy {{ $b.maxmemoryPolicy }}
+{{- with $b.maxmemory }}
+maxmemory {{ . }}
+{{- end }}
+{{- end }}
