@@ -90,19 +90,25 @@ def main(argv: list[str] | None = None) -> int:
     }
     ratios: dict[str, list[float]] = {n: [] for n in names}
     versions: dict[str, dict[str, Any]] = {}
+    first_env: dict[str, Any] = {}
     with RedisServer() as server:
         for round_no in range(args.rounds):
             order = names[round_no % len(names) :] + names[: round_no % len(names)]
             for name in order:
                 report = one_round(clients[name], server.url, args.cycles, args.warmup, round_no)
                 versions[name] = report["environment"]
+                first_env = first_env or report["environment"]
                 for contender, result in report["results"].items():
                     rates[name][contender] += result["rates"]
                 ratios[name] += report["results"]["ours"]["ratios_to_raw"]
 
-    env = versions[names[0]]
+    env = first_env
     print(
         f"# {env['cpu']}, {env['cores']} cores; Python {env['python']}; Redis {env['redis_server']}"
+    )
+    print(
+        f"# load average (1 min) {env['load_average_1m']:.2f} at start, "
+        f"{os.getloadavg()[0]:.2f} at end"
     )
     print(f"# {args.rounds} rounds x {args.cycles} cycles per contender, interleaved\n")
     print(

@@ -45,6 +45,7 @@ TTL_MS = TTL_S * 1000
 HOLDER = f"{socket.gethostname()}:{os.getpid()}"
 # In every key, so that runs sharing one server (--redis-url) never meet each other's slots.
 RUN_ID = secrets.token_hex(4)
+CPU_CHUNKS = 5
 
 # Compare-and-delete, the release every correct Redis lock needs; the raw baseline is the
 # least a correct lock can do: SET NX PX, then this.
@@ -333,18 +334,22 @@ def measure_costs(target: dict[str, Any], name: str, cycles: int, warmup: int) -
 
         contender = FACTORIES[name](plain, f"cpu-{RUN_ID}")
         rate_of(contender, warmup)
-        server_before_s, client_before_s = server_cpu_s(admin), time.process_time()
-        rate_of(contender, cycles)
-        client_cpu_s = time.process_time() - client_before_s
-        server_after_s = server_cpu_s(admin)
+        # CPU time is noisy on a shared machine: the median of several chunks.
+        chunk = max(1, cycles // CPU_CHUNKS)
+        client_cpu_us, server_cpu_us = [], []
+        for _ in range(CPU_CHUNKS):
+            server_before_s, client_before_s = server_cpu_s(admin), time.process_time()
+            rate_of(contender, chunk)
+            client_cpu_us.append((time.process_time() - client_before_s) / chunk * 1e6)
+            server_cpu_us.append((server_cpu_s(admin) - server_before_s) / chunk * 1e6)
         return Costs(
             cycles=cycles,
             round_trips=tally.round_trips / cycles,
             client_commands=tally.replies / cycles,
             server_commands=sum(server.values()) / cycles,
             server_by_command={cmd: n / cycles for cmd, n in sorted(server.items()) if n},
-            client_cpu_us=client_cpu_s / cycles * 1e6,
-            server_cpu_us=(server_after_s - server_before_s) / cycles * 1e6,
+            client_cpu_us=statistics.median(client_cpu_us),
+            server_cpu_us=statistics.median(server_cpu_us),
         )
     finally:
         for client in (counting, plain, admin):
@@ -394,6 +399,7 @@ def environment(admin: redis.Redis) -> dict[str, Any]:
         "python_redis_lock": version_of("python-redis-lock"),
         "pottery": version_of("pottery"),
         "redis_server": server.get("redis_version", "?"),
+        "load_average_1m": os.getloadavg()[0],
     }
 
 
@@ -460,7 +466,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--cycles", type=int, default=2000, help="cycles per contender per round")
     parser.add_argument("--warmup", type=int, default=300, help="untimed cycles before round 1")
-    parser.add_argument("--count-cycles", type=int, default=500, help="cycles in the counting pass")
+    parser.add_argument(
+        "--count-cycles", type=int, default=1000, help="cycles in the counting and CPU passes"
+    )
     parser.add_argument(
         "--only", default=",".join(ALL), help=f"comma-separated subset of {','.join(ALL)}"
     )
@@ -522,6 +530,10 @@ def run(args: argparse.Namespace, url: str) -> int:
     print(
         f"# {env['cpu']}, {env['cores']} cores; Python {env['python']}; "
         f"redis-py {env['redis_py']}, hiredis {env['hiredis']}; Redis {env['redis_server']}"
+    )
+    print(
+        f"# load average (1 min) {env['load_average_1m']:.2f} at start, "
+        f"{os.getloadavg()[0]:.2f} at end: above ~0.5 other work shares these cores"
     )
     print(f"# {args.rounds} rounds x {args.cycles} cycles, interleaved, rotating order\n")
     if "ping" in results:
