@@ -41,3 +41,11 @@ bench: $(STAMP)
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache
+
+# Files generated from charts/cron-runner; tests/chart fails when they drift.
+.PHONY: chart-docs
+manifests: $(STAMP)
+	$(BIN)/python scripts/render_manifests.py
+
+chart-docs: $(STAMP)
+	$(BIN)/python scripts/chart_readme.py
