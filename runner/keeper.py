@@ -108,7 +108,9 @@ class Keeper:
 
     def _loop(self) -> None:
         next_attempt = self._confirmed_at + self.renew_interval_s
-        while not self._stop.wait(max(0.0, next_attempt - clock.monotonic())):
+        # Wake at lose_at at the latest: retries after errors are spaced by retry_interval_s,
+        # and on_lost must not wait for the next one to tell the owner the deadline passed.
+        while not self._stop.wait(max(0.0, min(next_attempt, self.lose_at) - clock.monotonic())):
             if self.is_lost():
                 return
             sent_at = clock.monotonic()
