@@ -31,16 +31,33 @@ fmt: $(STAMP)
 
 # The whole suite. CI=true turns any skipped test into a failure (tests/conftest.py).
 test: lint
-	$(BIN)/pytest -m "not scale" $(PYTEST_ARGS)
+	$(BIN)/pytest -m "not scale and not image" $(PYTEST_ARGS)
 
 test-fast: $(STAMP)
-	$(BIN)/pytest -m "not scale" -x -q $(PYTEST_ARGS)
+	$(BIN)/pytest -m "not scale and not image" -x -q $(PYTEST_ARGS)
 
 bench: $(STAMP)
 	$(BIN)/python bench/lease_cycle.py
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache
+
+# The container image, built and run with Debian's podman/buildah/runc and no registry.
+# All their state lives in .work/podman (scripts/image.sh); test-image removes it after,
+# keeping only the cached base tarball.
+.PHONY: image test-image image-clean e2e-kind
+image:
+	scripts/image.sh build
+
+test-image: $(STAMP)
+	PYTEST=$(BIN)/pytest scripts/image.sh test $(PYTEST_ARGS)
+
+image-clean:
+	scripts/image.sh clean
+
+# The user's real path, for machines with Docker, kind, helm and kubectl (not CI's).
+e2e-kind:
+	scripts/e2e-kind.sh
 
 # Files generated from charts/cron-runner; tests/chart fails when they drift.
 .PHONY: chart-docs

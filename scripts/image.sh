@@ -4,7 +4,8 @@
 # (configuration, graphroot, runroot, TMPDIR, locks, network configuration), so this never
 # touches the machine's own containers or images, and `clean` can delete all of it.
 #
-#   scripts/image.sh build       the base (mmdebstrap, tarball cached) and localhost/cron-runner:test
+#   scripts/image.sh build       the base (mmdebstrap, tarball cached), localhost/cron-runner:test
+#                                and the examples/custom-image user image on top of it
 #   scripts/image.sh test        build, run the image tests (pytest -m image), print figures, clean
 #   scripts/image.sh clean       remove our pods, images and storage; keep the cached base tarball
 #   scripts/image.sh env CMD...  run CMD with the private configuration (e.g. `env podman ps -a`)
@@ -16,6 +17,7 @@ cd "$(dirname "$0")/.."
 WORK=${IMAGE_WORK:-$PWD/.work/podman}
 BASE_IMAGE=localhost/py-base:bookworm
 IMAGE=${IMAGE:-localhost/cron-runner:test}
+EXAMPLE_IMAGE=${EXAMPLE_IMAGE:-localhost/cron-runner-example:test}
 BASE_TAR=$WORK/cache/py-base-bookworm.tar
 PYTEST=${PYTEST:-.venv/bin/pytest}
 # What configure() creates, and so what clean() removes; cache/ is kept.
@@ -47,6 +49,7 @@ EOF
     cat >"$WORK/conf/containers.conf" <<EOF
 [containers]
 default_ulimits = ["nofile=20000:20000", "nproc=32768:32768"]
+netns = "host"
 
 [engine]
 runtime = "runc"
@@ -62,7 +65,7 @@ EOF
     export CONTAINERS_CONF=$WORK/conf/containers.conf
     export CONTAINERS_STORAGE_CONF=$WORK/conf/storage.conf
     export TMPDIR=$WORK/tmp
-    export IMAGE
+    export IMAGE EXAMPLE_IMAGE
 }
 
 debian_mirror() {
@@ -99,6 +102,9 @@ build() {
     fi
     buildah bud --quiet --layers --network host "${trust[@]}" \
         --build-arg BASE_IMAGE="$BASE_IMAGE" --build-arg VERSION="$version" -t "$IMAGE" .
+    # A user's image: `FROM cron-runner` + `pip install their-tasks`.
+    buildah bud --quiet --layers --network host "${trust[@]}" \
+        --build-arg CRON_RUNNER_IMAGE="$IMAGE" -t "$EXAMPLE_IMAGE" examples/custom-image
 }
 
 figures() {
@@ -111,8 +117,6 @@ figures() {
         printf "base image:            %6.1f MB\n", b / 1e6
         printf "our layers above base: %6.1f MB\n", (i - b) / 1e6 }'
     podman history --format '{{.Size}}\t{{.CreatedBy}}' "$IMAGE" | cut -c1-110 | head -n 12
-    [[ -s $WORK/figures.txt ]] && cat "$WORK/figures.txt"
-    return 0
 }
 
 unmount_below_work() {
@@ -135,15 +139,14 @@ clean() {
     unmount_below_work
     local d
     for d in "${OWNED_DIRS[@]}"; do rm -rf "${WORK:?}/$d"; done
-    rm -f "$WORK/figures.txt" "$BASE_TAR.partial"
+    rm -f "$BASE_TAR.partial"
 }
 
 run_tests() {
     [[ ${KEEP_IMAGE:-0} == 1 ]] || trap clean EXIT
     build
-    rm -f "$WORK/figures.txt"
-    IMAGE_FIGURES=$WORK/figures.txt "$PYTEST" -m image tests/image "$@"
     figures
+    "$PYTEST" -m image tests/image "$@"
 }
 
 command=${1:-}

@@ -8,6 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[2]
 DOCKERFILE = ROOT / "Dockerfile"
 
@@ -21,9 +23,14 @@ def hadolint() -> str:
     return found
 
 
-def test_hadolint_clean() -> None:
+@pytest.mark.parametrize(
+    "dockerfile",
+    [DOCKERFILE, ROOT / "examples" / "custom-image" / "Dockerfile"],
+    ids=lambda p: str(p.relative_to(ROOT)),
+)
+def test_hadolint_clean(dockerfile: Path) -> None:
     result = subprocess.run(
-        [hadolint(), "--no-color", str(DOCKERFILE)], capture_output=True, text=True
+        [hadolint(), "--no-color", str(dockerfile)], capture_output=True, text=True
     )
     assert result.returncode == 0, result.stdout + result.stderr
 

@@ -1,0 +1,27 @@
+"""A user's image, `FROM cron-runner` + `pip install their-tasks` (examples/custom-image)."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from runner.devserver import RedisServer
+from tests.image.kube import Podman
+
+pytestmark = pytest.mark.image
+
+EXAMPLE_IMAGE = os.environ.get("EXAMPLE_IMAGE", "localhost/cron-runner-example:test")
+
+
+def test_installed_tasks_register_and_run(podman: Podman, redis_server: RedisServer) -> None:
+    listed = podman("run", "--rm", "--read-only", EXAMPLE_IMAGE, "tasks")
+    assert "report" in listed
+
+    out = podman(
+        "run", "--rm", "--read-only",
+        "--env", f"CRON_RUNNER_REDIS_URL={redis_server.url}",
+        "--env", "CRON_RUNNER_LOG_FORMAT=json",
+        EXAMPLE_IMAGE, "run", "report",
+    )  # fmt: skip
+    assert "report: totals done" in out
