@@ -15,11 +15,11 @@ EXAMPLE_IMAGE = os.environ.get("EXAMPLE_IMAGE", "localhost/cron-runner-example:t
 
 
 def test_installed_tasks_register_and_run(podman: Podman, redis_server: RedisServer) -> None:
-    listed = podman("run", "--rm", "--read-only", EXAMPLE_IMAGE, "tasks")
+    listed = podman("run", "--rm", "--pull=never", "--read-only", EXAMPLE_IMAGE, "tasks")
     assert "report" in listed
 
     out = podman(
-        "run", "--rm", "--read-only",
+        "run", "--rm", "--pull=never", "--read-only",
         "--env", f"CRON_RUNNER_REDIS_URL={redis_server.url}",
         "--env", "CRON_RUNNER_LOG_FORMAT=json",
         EXAMPLE_IMAGE, "run", "report",

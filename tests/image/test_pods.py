@@ -141,7 +141,7 @@ print(json.dumps({
 
 def test_start_up_inside_the_container(podman: Podman, redis_server: RedisServer) -> None:
     out = podman(
-        "run", "--rm", "--read-only", "--user", "10001:10001",
+        "run", "--rm", "--pull=never", "--read-only", "--user", "10001:10001",
         "--env", f"CRON_RUNNER_REDIS_URL={redis_server.url}",
         "--env", "CRON_RUNNER_LOG_FORMAT=json",
         "--entrypoint", "python3", IMAGE, "-c", STARTUP_PROBE,
