@@ -301,6 +301,9 @@ Call with (dict "root" $ "task" $task).
 {{- if not (or $hasTask $hasCommand) }}
 {{- fail (printf "task %q: set task (a registered task name) or command (a list)" $name) }}
 {{- end }}
+{{- if and $hasTask $task.args }}
+{{- fail (printf "task %q: args go with command only; `cron-runner run` takes no arguments for a registered task (pass settings through env)" $name) }}
+{{- end }}
 {{- if and $hasCommand (not (kindIs "slice" $task.command)) }}
 {{- fail (printf "task %q: command must be a list, e.g. [php, artisan, report:send]" $name) }}
 {{- end }}

@@ -1,0 +1,88 @@
+"""Render charts/cron-runner offline with the real Helm v4 engine (helm-python-sdk)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+from helm_python.chart import Chart
+
+ROOT = Path(__file__).resolve().parents[2]
+CHART_DIR = ROOT / "charts" / "cron-runner"
+CI_DIR = CHART_DIR / "ci"
+CI_FILES = sorted(CI_DIR.glob("*.yaml"))
+RELEASE = "cron-runner"
+NAMESPACE = "cron-system"
+
+Manifest = dict[str, Any]
+
+
+@dataclass
+class Rendered:
+    docs: list[Manifest]
+    notes: str
+
+    def of_kind(self, kind: str) -> list[Manifest]:
+        return [d for d in self.docs if d["kind"] == kind]
+
+    def one(self, kind: str, name: str | None = None) -> Manifest:
+        found = [d for d in self.of_kind(kind) if name is None or d["metadata"]["name"] == name]
+        assert len(found) == 1, f"expected one {kind} {name or ''}, got {len(found)}"
+        return found[0]
+
+    def cronjobs(self) -> dict[str, Manifest]:
+        """CronJobs keyed by task name (their app.kubernetes.io/component label)."""
+        return {
+            d["metadata"]["labels"]["app.kubernetes.io/component"]: d
+            for d in self.of_kind("CronJob")
+        }
+
+
+def ci_values(name: str) -> dict[str, Any]:
+    values: dict[str, Any] = yaml.safe_load((CI_DIR / name).read_text())
+    return values
+
+
+def render(
+    chart: Chart,
+    values: dict[str, Any],
+    *,
+    name: str = RELEASE,
+    namespace: str = NAMESPACE,
+) -> Rendered:
+    out = chart.render(values, name=name, namespace=namespace)
+    docs: list[Manifest] = []
+    notes = ""
+    for path, text in out.items():
+        if path.endswith("NOTES.txt"):
+            notes = text
+            continue
+        docs.extend(doc for doc in yaml.safe_load_all(text) if doc)
+    return Rendered(docs, notes)
+
+
+def pod_spec(doc: Manifest) -> Manifest:
+    """The pod spec inside a CronJob, StatefulSet or Pod."""
+    if doc["kind"] == "CronJob":
+        spec: Manifest = doc["spec"]["jobTemplate"]["spec"]["template"]["spec"]
+    elif doc["kind"] == "Pod":
+        spec = doc["spec"]
+    else:
+        spec = doc["spec"]["template"]["spec"]
+    return spec
+
+
+def container(cronjob: Manifest) -> Manifest:
+    containers = pod_spec(cronjob)["containers"]
+    assert len(containers) == 1
+    found: Manifest = containers[0]
+    return found
+
+
+def env_of(c: Manifest) -> dict[str, Manifest]:
+    """EnvVars keyed by name; fails on a duplicate, which Kubernetes would silently shadow."""
+    names = [e["name"] for e in c.get("env", [])]
+    assert len(names) == len(set(names)), f"duplicate env names in {names}"
+    return {e["name"]: e for e in c.get("env", [])}

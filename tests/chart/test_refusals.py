@@ -1,0 +1,204 @@
+"""Values the chart refuses, each with a message that names the task and says what to do.
+
+The schema refuses most mistakes first. The templates refuse them again, because
+`helm install --skip-schema-validation` exists and a parent chart may loosen the schema:
+those checks are tested on a copy of the chart without its schema.
+"""
+
+from __future__ import annotations
+
+import shutil
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import yaml
+from helm_python import HelmRenderError, HelmValuesError
+from helm_python.chart import Chart
+
+from tests.chart.helpers import CHART_DIR, render
+
+REDIS = {"host": "redis"}
+
+
+@pytest.fixture(scope="module")
+def schemaless(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Chart]:
+    copy = tmp_path_factory.mktemp("chart") / "cron-runner"
+    shutil.copytree(CHART_DIR, copy)
+    (copy / "values.schema.json").unlink()
+    with Chart.load(copy) as loaded:
+        yield loaded
+
+
+def task_values(task: dict[str, Any], name: str = "report", **top: Any) -> dict[str, Any]:
+    return {"redis": REDIS, "tasks": {name: task}, **top}
+
+
+def refused(chart: Chart, values: dict[str, Any], **kwargs: str) -> str:
+    with pytest.raises((HelmRenderError, HelmValuesError)) as info:
+        render(chart, values, **kwargs)
+    return str(info.value)
+
+
+def test_over_long_cronjob_name_fails_naming_the_task(chart: Chart) -> None:
+    task = "nightly-invoice-reconciliation"
+    release = "billing-platform-prod"
+    message = refused(
+        chart, task_values({"schedule": "0 2 * * *", "task": "x"}, task), name=release
+    )
+    cronjob = f"{release}-cron-runner-{task}"
+    assert f'task "{task}": its CronJob name "{cronjob}" is {len(cronjob)} characters' in message
+    assert "at most 52" in message
+    # Exactly 52 still renders: the limit is not off by one.
+    fits = "x" * (52 - len("cron-runner-"))
+    rendered = render(chart, task_values({"schedule": "0 2 * * *", "task": "x"}, fits))
+    assert len(rendered.of_kind("CronJob")[0]["metadata"]["name"]) == 52
+
+
+def test_task_and_command_together_are_refused_by_the_schema(chart: Chart) -> None:
+    message = refused(chart, task_values({"schedule": "0 2 * * *", "task": "x", "command": ["y"]}))
+    assert "at '/tasks/report': 'oneOf' failed, subschemas 0, 1 matched" in message
+
+
+def test_task_and_command_together_are_refused_by_the_template(schemaless: Chart) -> None:
+    message = refused(
+        schemaless, task_values({"schedule": "0 2 * * *", "task": "x", "command": ["y"]})
+    )
+    assert (
+        'task "report": set either task (a registered task name) or command (a list), not both'
+        in message
+    )
+
+
+@pytest.mark.parametrize(
+    ("task", "name", "schema_says", "template_says"),
+    [
+        (
+            {"task": "x"},
+            "report",
+            "at '/tasks/report': missing property 'schedule'",
+            'task "report": schedule is required',
+        ),
+        (
+            {"schedule": "0 2 * * *"},
+            "report",
+            "missing property 'task'",
+            'task "report": set task (a registered task name) or command (a list)',
+        ),
+        (
+            {"schedule": "0 2 * * *", "task": "x"},
+            "Report_1",
+            "'Report_1' does not match pattern",
+            'task "Report_1": a task name must be a DNS label',
+        ),
+        (
+            {"schedule": "0 2 * * *", "task": "x"},
+            "bundled-redis",
+            "invalid propertyName 'bundled-redis'",
+            'task "bundled-redis": this name is reserved',
+        ),
+        (
+            {"schedule": "0 2 * * *", "task": "x", "args": ["--y"]},
+            "report",
+            "at '/tasks/report'",
+            'task "report": args go with command only',
+        ),
+        (
+            {"schedule": "0 2 * * *", "task": "x", "terminationGracePeriodSeconds": 5},
+            "report",
+            "at '/tasks/report/terminationGracePeriodSeconds': minimum: got 5, want 6",
+            'task "report": terminationGracePeriodSeconds must be at least 6',
+        ),
+        (
+            {"schedule": "0 2 * * *", "task": "x", "restartPolicy": "OnFailure"},
+            "report",
+            None,
+            'task "report": podFailurePolicy needs restartPolicy Never',
+        ),
+    ],
+    ids=[
+        "no-schedule",
+        "no-task",
+        "bad-name",
+        "reserved-name",
+        "args-with-task",
+        "grace",
+        "restart",
+    ],
+)
+def test_bad_task_refused_by_schema_and_template(
+    chart: Chart,
+    schemaless: Chart,
+    *,
+    task: dict[str, Any],
+    name: str,
+    schema_says: str | None,
+    template_says: str,
+) -> None:
+    if schema_says is not None:
+        assert schema_says in refused(chart, task_values(task, name))
+    assert template_says in refused(schemaless, task_values(task, name))
+
+
+@pytest.mark.parametrize(
+    ("redis", "says"),
+    [
+        ({}, "no Redis configured: set redis.host"),
+        ({"url": "redis://:pw@redis:6379/0"}, "redis.url must not carry credentials"),
+        ({"host": "r", "tls": {"enabled": True}}, "redis.tls.existingSecret is empty"),
+        (
+            {"url": "redis://r:6379/0", "tls": {"enabled": True, "existingSecret": "ca"}},
+            "use rediss://",
+        ),
+        ({"sentinel": {"enabled": True}}, "redis.sentinel.hosts is empty"),
+        (
+            {"bundled": {"enabled": True}, "tls": {"enabled": True, "existingSecret": "ca"}},
+            "no TLS",
+        ),
+    ],
+    ids=[
+        "none",
+        "credentials",
+        "tls-no-secret",
+        "tls-plain-url",
+        "sentinel-no-hosts",
+        "bundled-tls",
+    ],
+)
+def test_bad_redis_settings_refused(schemaless: Chart, redis: dict[str, Any], says: str) -> None:
+    values = {"redis": redis, "tasks": {"report": {"schedule": "0 2 * * *", "task": "x"}}}
+    assert says in refused(schemaless, values)
+
+
+def test_no_top_level_additional_properties_so_it_works_as_a_subchart(chart: Chart) -> None:
+    schema = chart.schema
+    assert schema is not None
+    assert schema["$schema"] == "http://json-schema.org/draft-07/schema#"
+    assert schema.get("additionalProperties", True) is not False
+    values = {"global": {"imageRegistry": "mirror"}, "parentSetting": 1, "redis": REDIS}
+    assert render(chart, values).docs
+
+
+def test_templates_never_gate_on_api_versions() -> None:
+    # The offline render (helm-python-sdk) lists no batch/v1/CronJob: such a gate would
+    # silently drop every CronJob there (DESIGN.md, Chart).
+    for template in (CHART_DIR / "templates").rglob("*"):
+        if template.is_file():
+            assert "APIVersions" not in template.read_text(), template
+
+
+def test_offline_lookup_falls_back(chart: Chart) -> None:
+    values = {"redis": {"bundled": {"enabled": True}}}
+    first = render(chart, values).one("Secret")["data"]["password"]
+    second = render(chart, values).one("Secret")["data"]["password"]
+    # Nothing to look up offline: each render generates a fresh password, and none is empty.
+    assert first and second and first != second
+
+
+def test_chart_metadata() -> None:
+    meta = yaml.safe_load((CHART_DIR / "Chart.yaml").read_text())
+    assert meta["apiVersion"] == "v2"
+    assert meta["kubeVersion"] == ">=1.27.0-0"
+    assert meta["appVersion"] == "0.1.0"
+    assert meta["maintainers"] and meta["sources"]
+    assert any(k.startswith("artifacthub.io/") for k in meta["annotations"])
