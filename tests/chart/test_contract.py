@@ -14,18 +14,19 @@ import re
 import secrets
 import subprocess
 import sys
-import time
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 import pytest
 import redis
+from croniter import croniter
 from helm_python.chart import Chart
 
 from runner.devserver import RedisServer
-from tests.chart.helpers import NAMESPACE, Manifest, container, pod_spec, render
+from tests.chart.helpers import NAMESPACE, ROOT, Manifest, container, pod_spec, render
 
 VENV_BIN = Path(sys.executable).parent
 SCHEDULE = "*/5 * * * *"
@@ -151,7 +152,21 @@ def run_pods(pods: list[Pod]) -> list[subprocess.CompletedProcess[str]]:
     return results
 
 
-def rendered_cronjob(chart: Chart, redis_port: int, effects: Path) -> Manifest:
+def rendered_cronjob(
+    chart: Chart, redis_port: int, effects: Path, kind: str = "command", schedule: str = SCHEDULE
+) -> Manifest:
+    """A task that appends `ran <holder> ...` to `effects` each time it runs."""
+    runner: dict[str, Any] = {"connectTimeout": "5s"}
+    task: dict[str, Any] = {"schedule": schedule, "lease": {"ttl": "3s"}}
+    if kind == "command":
+        # Holds the lease a moment, so that pods starting late find it held too.
+        task["command"] = ["sh", "-c", 'echo "ran $CRON_RUNNER_HOLDER" >> "$EFFECTS"; sleep 1']
+        task["env"] = {"EFFECTS": str(effects)}
+    else:
+        task["task"] = "ok"  # tests/sample_tasks.py
+        task["env"] = {"SIDE_EFFECTS": str(effects)}
+        runner["taskModules"] = ["tests.sample_tasks"]
+        runner["env"] = {"PYTHONPATH": str(ROOT)}
     values: dict[str, Any] = {
         "redis": {
             "host": "127.0.0.1",
@@ -162,16 +177,8 @@ def rendered_cronjob(chart: Chart, redis_port: int, effects: Path) -> Manifest:
                 "passwordKey": PASSWORD_SECRET[1],
             },
         },
-        "runner": {"connectTimeout": "5s"},
-        "tasks": {
-            TASK: {
-                "schedule": SCHEDULE,
-                # Holds the lease a moment, so that pods starting late find it held too.
-                "command": ["sh", "-c", 'echo "ran $CRON_RUNNER_HOLDER" >> "$EFFECTS"; sleep 1'],
-                "env": {"EFFECTS": str(effects)},
-                "lease": {"ttl": "3s"},
-            }
-        },
+        "runner": runner,
+        "tasks": {TASK: task},
     }
     cronjob: Manifest = render(chart, values).cronjobs()[TASK]
     assert pod_spec(cronjob)["restartPolicy"] == "Never"
@@ -179,23 +186,25 @@ def rendered_cronjob(chart: Chart, redis_port: int, effects: Path) -> Manifest:
 
 
 def latest_job(cronjob: Manifest) -> str:
-    """The CronJob controller's Job for the latest fire time of SCHEDULE (every 5 minutes):
+    """The CronJob controller's Job for the schedule's latest fire time:
     `<cronjob>-<scheduled time in minutes since the epoch>`."""
-    slot_s = int(time.time()) // 300 * 300
-    return f"{cronjob['metadata']['name']}-{slot_s // 60}"
+    fired = croniter(cronjob["spec"]["schedule"], datetime.now(UTC)).get_prev(datetime)
+    return f"{cronjob['metadata']['name']}-{int(fired.timestamp()) // 60}"
 
 
 def ran_by(effects: Path) -> list[str]:
+    """The holder of each run, from the lines the task appended."""
     if not effects.exists():
         return []
-    return [line.split(" ", 1)[1] for line in effects.read_text().splitlines()]
+    return [line.split()[1] for line in effects.read_text().splitlines()]
 
 
+@pytest.mark.parametrize("kind", ["command", "registered"])
 def test_five_pods_of_one_job_run_the_task_once(
-    chart: Chart, acl_redis: RedisWithAcl, tmp_path: Path
+    chart: Chart, acl_redis: RedisWithAcl, tmp_path: Path, kind: str
 ) -> None:
     effects = tmp_path / "effects.log"
-    cronjob = rendered_cronjob(chart, acl_redis.server.port, effects)
+    cronjob = rendered_cronjob(chart, acl_redis.server.port, effects, kind)
     name = cronjob["metadata"]["name"]
     secrets_data = {PASSWORD_SECRET[0]: {PASSWORD_SECRET[1]: acl_redis.password}}
 
@@ -221,7 +230,7 @@ def test_five_pods_of_one_job_run_the_task_once(
     # The keys are scoped by the pod's namespace and named by the task key.
     client = acl_redis.client()
     try:
-        keys = client.keys(f"*{{{NAMESPACE}:{TASK}}}*")
+        keys = client.keys(f"*{{{NAMESPACE}:{TASK if kind == 'command' else 'ok'}}}*")
     finally:
         client.close()
     assert keys, "no keys under the {namespace:task} hash tag"
