@@ -134,6 +134,7 @@ clean() {
         podman pod rm --all --force --time 0 >/dev/null 2>&1 || true
         podman rm --all --force --time 0 >/dev/null 2>&1 || true
         buildah rm --all >/dev/null 2>&1 || true
+        podman volume rm --all --force >/dev/null 2>&1 || true
         podman rmi --all --force >/dev/null 2>&1 || true
     fi
     unmount_below_work

@@ -73,6 +73,12 @@ def test_three_pods_of_one_slot_run_the_task_once(
     podman.play_at_once(pods)
     containers = [container_of(p) for p in pods]
     assert podman.wait_exit_codes(containers) == [0, 0, 0]
+    # The chart's security context reached the containers: what the runner did, it did
+    # as uid 10001 on a read-only root filesystem.
+    played = podman(
+        "inspect", "--format", "{{.HostConfig.ReadonlyRootfs}} {{.Config.User}}", *containers
+    )
+    assert played.split("\n")[:3] == ["true 10001:10001"] * 3
 
     finals = {}
     bodies_ran = 0
