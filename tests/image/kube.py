@@ -122,13 +122,13 @@ class Podman:
         self.workdir = workdir
         self.pods: list[str] = []
 
-    def __call__(self, *args: str, timeout_s: float = 60) -> str:
+    def __call__(self, *args: str, timeout_s: float = 60, with_stderr: bool = False) -> str:
         assert self.binary
         done = subprocess.run(
             [self.binary, *args], capture_output=True, text=True, timeout=timeout_s, check=False
         )
         assert done.returncode == 0, f"podman {' '.join(args)}: {done.stderr}"
-        return done.stdout
+        return done.stdout + done.stderr if with_stderr else done.stdout
 
     def play(self, *pods: Manifest) -> subprocess.Popen[str]:
         """Start `podman kube play` for these pods; the caller waits for it."""
@@ -154,18 +154,8 @@ class Podman:
         return [int(line) for line in out.split()]
 
     def log_events(self, container: str) -> list[dict[str, Any]]:
-        out = subprocess.run(
-            [self.binary or "podman", "logs", container],
-            capture_output=True,
-            text=True,
-            timeout=30,
-            check=True,
-        )
-        return [
-            json.loads(line)
-            for line in (out.stdout + out.stderr).splitlines()
-            if line.startswith("{")
-        ]
+        out = self("logs", container, with_stderr=True)
+        return [json.loads(line) for line in out.splitlines() if line.startswith("{")]
 
     def wait_for_event(
         self, container: str, event: str, timeout_s: float = 30

@@ -23,5 +23,7 @@ def test_installed_tasks_register_and_run(podman: Podman, redis_server: RedisSer
         "--env", f"CRON_RUNNER_REDIS_URL={redis_server.url}",
         "--env", "CRON_RUNNER_LOG_FORMAT=json",
         EXAMPLE_IMAGE, "run", "report",
+        with_stderr=True,
     )  # fmt: skip
     assert "report: totals done" in out
+    assert '"outcome": "ran"' in out
