@@ -94,8 +94,10 @@ class RedisServer:
         try:
             while True:
                 with contextlib.suppress(redis.ConnectionError, redis.BusyLoadingError):
-                    if probe.ping():
-                        return self
+                    # An answer that asks for a password still means the server is up.
+                    with contextlib.suppress(redis.AuthenticationError, redis.ResponseError):
+                        probe.ping()
+                    return self
                 if self.proc.poll() is not None or time.monotonic() > deadline:
                     raise RuntimeError(f"redis-server did not start: {' '.join(self.command())}")
                 time.sleep(0.02)

@@ -313,7 +313,10 @@ def load_settings(
         # Validate now (bad cron, tolerance too large) so the error names the setting.
         from runner.slots import Schedule  # noqa: PLC0415 - croniter only when a schedule is set
 
-        Schedule.parse(
-            settings.slots.schedule, settings.slots.timezone, settings.slots.skew_tolerance_s
-        )
+        try:
+            Schedule.parse(
+                settings.slots.schedule, settings.slots.timezone, settings.slots.skew_tolerance_s
+            )
+        except ConfigError as exc:
+            raise ConfigError(f"{src.get('SCHEDULE')[1]}: {exc}") from exc
     return settings

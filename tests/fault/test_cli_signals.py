@@ -1,0 +1,167 @@
+"""Shutdown and lease loss through the CLI, with real processes and real signals."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import redis
+
+from runner.devserver import RedisServer
+from tests.helpers.proc import CRON_RUNNER, events, outcome, runner_env, side_effects, spawn
+from tests.helpers.wait import wait_for
+
+LEASE = "cron-runner:{default:%s}:lease"
+
+
+def _group_alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    # Zombies still count for killpg; make sure a live (non-zombie) member exists.
+    out = subprocess.run(
+        ["ps", "-o", "stat=", "-g", str(pgid)], capture_output=True, text=True
+    ).stdout
+    return any(s and not s.startswith("Z") for s in out.split())
+
+
+def test_sigterm_command_ignoring_it_is_killed_after_grace(
+    redis_server: RedisServer, r: redis.Redis, tmp_path: Path
+) -> None:
+    pidfile = tmp_path / "child.pid"
+    script = f"trap '' TERM; echo $$ > {pidfile}; sleep 60 & sleep 60 & wait"
+    env = runner_env(redis_server.url, CRON_RUNNER_SHUTDOWN_GRACE="1s")
+    proc = spawn(["exec", "--name", "stubborn", "--", "sh", "-c", script], env)
+    wait_for(lambda: pidfile.exists() and pidfile.read_text().strip(), what="child start")
+    child_pgid = int(pidfile.read_text())
+    sent = time.monotonic()
+    proc.send_signal(signal.SIGTERM)
+    _, stderr = proc.communicate(timeout=30)
+    assert proc.returncode == 143, stderr
+    assert time.monotonic() - sent >= 1.0
+    names = [e.get("event") for e in events(stderr)]
+    # Killed first, released after: the lease never outlives the lock on the task.
+    assert names.index("killed") < names.index("released") < names.index("terminated")
+    assert r.get(LEASE % "stubborn") is None
+    assert not _group_alive(child_pgid)
+
+
+def test_second_sigterm_does_not_skip_release(
+    redis_server: RedisServer, r: redis.Redis, tmp_path: Path
+) -> None:
+    pidfile = tmp_path / "child.pid"
+    env = runner_env(redis_server.url, CRON_RUNNER_SHUTDOWN_GRACE="1500ms")
+    proc = spawn(
+        [
+            "exec",
+            "--name",
+            "twice",
+            "--",
+            "sh",
+            "-c",
+            f"trap '' TERM; echo $$ > {pidfile}; sleep 60",
+        ],
+        env,
+    )
+    wait_for(pidfile.exists, what="child start")
+    proc.send_signal(signal.SIGTERM)
+    time.sleep(0.3)
+    proc.send_signal(signal.SIGTERM)
+    _, stderr = proc.communicate(timeout=30)
+    assert proc.returncode == 143, stderr
+    assert "released" in [e.get("event") for e in events(stderr)]
+    assert r.get(LEASE % "twice") is None
+
+
+def test_python_task_ignoring_cancel_exits_143_without_release(
+    redis_server: RedisServer, r: redis.Redis, tmp_path: Path
+) -> None:
+    effects = tmp_path / "effects.log"
+    env = runner_env(
+        redis_server.url,
+        SIDE_EFFECTS=str(effects),
+        CRON_RUNNER_SHUTDOWN_GRACE="1s",
+        TASK_SECONDS="60",
+    )
+    proc = spawn(["run", "stubborn"], env)
+    wait_for(lambda: side_effects(effects, "start"), what="task start")
+    proc.send_signal(signal.SIGTERM)
+    _, stderr = proc.communicate(timeout=30)
+    assert proc.returncode == 143, stderr
+    assert "abandoned" in [e.get("event") for e in events(stderr)]
+    # Left to expire by its TTL: the task may still be running for all Redis knows.
+    assert r.get(LEASE % "stubborn") is not None
+    assert r.pttl(LEASE % "stubborn") > 0
+
+
+def test_sigstop_past_ttl_loses_lease_kills_child_exits_4(
+    redis_server: RedisServer, r: redis.Redis, tmp_path: Path
+) -> None:
+    pidfile = tmp_path / "child.pid"
+    ticks = tmp_path / "ticks.log"
+    script = f"echo $$ > {pidfile}; while true; do echo tick >> {ticks}; sleep 0.05; done"
+    env = runner_env(
+        redis_server.url, CRON_RUNNER_LEASE_TTL="1500ms", CRON_RUNNER_SCHEDULE="0 0 * * *"
+    )
+    proc = spawn(
+        ["exec", "--name", "frozen", "--", "sh", "-c", script], env, start_new_session=True
+    )
+    wait_for(pidfile.exists, what="child start")
+    wait_for(lambda: pidfile.read_text().strip(), what="child pid")
+    child_pgid = int(pidfile.read_text())
+
+    os.killpg(proc.pid, signal.SIGSTOP)
+    os.killpg(child_pgid, signal.SIGSTOP)
+    wait_for(lambda: r.get(LEASE % "frozen") is None, timeout_s=5, what="lease expiry in Redis")
+    assert r.set(LEASE % "frozen", "other-replica:beef", px=30_000, nx=True)
+    other_state = {
+        k: r.dump(k) for k in r.keys("cron-runner:{default:frozen}:*") if not k.endswith(":lease")
+    }
+
+    resumed = time.monotonic()
+    os.killpg(child_pgid, signal.SIGCONT)
+    os.killpg(proc.pid, signal.SIGCONT)
+    _, stderr = proc.communicate(timeout=30)
+    elapsed = time.monotonic() - resumed
+    assert proc.returncode == 4, stderr
+    assert outcome(stderr) == "lease_lost"
+    assert not _group_alive(child_pgid)
+    # Within one renew interval (ttl/3 = 0.5 s), plus process scheduling slack.
+    assert elapsed < 0.5 + 1.0
+    # Its late finish changed nothing that is the new holder's.
+    assert r.get(LEASE % "frozen") == "other-replica:beef"
+    assert not r.keys("cron-runner:{default:frozen}:slot:*")
+    after = {k: r.dump(k) for k in other_state}
+    assert after == other_state
+
+
+def test_runner_reaps_orphans_as_pid_1(redis_server: RedisServer, tmp_path: Path) -> None:
+    # A command that leaves grandchildren behind, which re-parent to PID 1 (the runner).
+    script = "for i in 1 2 3 4 5; do (sleep 0.1 &) ; done; sleep 0.5; ps -eo stat= | grep -c '^Z' || true"
+    env = runner_env(redis_server.url)
+    res = subprocess.run(
+        [
+            "unshare",
+            "--pid",
+            "--fork",
+            "--mount-proc",
+            CRON_RUNNER,
+            "exec",
+            "--name",
+            "pid1",
+            "--",
+            "sh",
+            "-c",
+            script,
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.strip() == "0", f"zombies left under PID 1: {res.stdout}"

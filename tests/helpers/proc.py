@@ -1,0 +1,70 @@
+"""Run the installed ``cron-runner`` as a real subprocess, as a CronJob pod or a crontab would."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[2]
+CRON_RUNNER = str(Path(sys.executable).parent / "cron-runner")
+
+
+def runner_env(redis_url: str, **extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("CRON_RUNNER_", "OTEL_"))}
+    env.update(
+        CRON_RUNNER_REDIS_URL=redis_url,
+        CRON_RUNNER_LOG_FORMAT="json",
+        CRON_RUNNER_TASK_MODULES="tests.sample_tasks",
+        CRON_RUNNER_CONNECT_TIMEOUT="3s",
+        PYTHONPATH=str(ROOT),
+    )
+    env.update(extra)
+    return env
+
+
+def run(
+    args: list[str], env: dict[str, str], timeout: float = 60
+) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [CRON_RUNNER, *args], env=env, capture_output=True, text=True, timeout=timeout
+    )
+
+
+def spawn(args: list[str], env: dict[str, str], **kwargs: Any) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [CRON_RUNNER, *args],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        **kwargs,
+    )
+
+
+def events(stderr: str) -> list[dict[str, Any]]:
+    """The runner's JSON log lines (anything else on stderr is the task's own output)."""
+    out = []
+    for line in stderr.splitlines():
+        if line.startswith("{"):
+            try:
+                out.append(json.loads(line))
+            except json.JSONDecodeError:
+                continue
+    return out
+
+
+def outcome(stderr: str) -> str | None:
+    for e in reversed(events(stderr)):
+        if "outcome" in e:
+            return str(e["outcome"])
+    return None
+
+
+def side_effects(path: Path, kind: str = "ran") -> list[str]:
+    if not path.exists():
+        return []
+    return [line for line in path.read_text().splitlines() if line.split(" ", 1)[0] == kind]

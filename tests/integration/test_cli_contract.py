@@ -1,0 +1,72 @@
+"""What the CLI promises beyond exit codes: round trips, secrets, help."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from runner.devserver import RedisServer
+from tests.helpers.monitor import client_commands
+from tests.helpers.proc import outcome, run, runner_env
+
+
+def test_round_trips_per_run_and_per_skip(redis_server: RedisServer) -> None:
+    env = runner_env(redis_server.url, CRON_RUNNER_SCHEDULE="0 0 * * *")
+    warm = run(["exec", "--name", "warm", "--", "true"], env)  # caches the scripts
+    assert warm.returncode == 0
+
+    with client_commands(redis_server) as seen:
+        ran = run(["exec", "--name", "counted", "--", "true"], env)
+        after_run = seen()
+        skipped = run(["exec", "--name", "counted", "--", "true"], env)
+        after_skip = seen()
+
+    assert (outcome(ran.stderr), outcome(skipped.stderr)) == ("ran", "skipped_done")
+    assert len(after_run) == 2, after_run
+    assert len(after_skip) - len(after_run) == 1, after_skip
+    assert all('"EVALSHA"' in line for line in after_skip)
+
+
+def test_password_never_appears_in_logs_or_errors(tmp_path: Path) -> None:
+    secret = "s3cr3t-Pa55word"
+    with RedisServer(extra_args=["--requirepass", secret]) as server:
+        base = f"redis://127.0.0.1:{server.port}/0"
+        by_env = run(
+            ["exec", "--name", "pw", "--", "true"],
+            runner_env(base, CRON_RUNNER_REDIS_PASSWORD=secret),
+        )
+        by_url = run(
+            ["exec", "--name", "pw", "--", "true"],
+            runner_env(
+                f"redis://:{secret}@127.0.0.1:{server.port}/0", CRON_RUNNER_LOG_LEVEL="debug"
+            ),
+        )
+        wrong = run(
+            ["exec", "--name", "pw", "--", "true"],
+            runner_env(f"redis://user:{secret}x@127.0.0.1:{server.port}/0"),
+        )
+        bad_url = run(
+            ["exec", "--name", "pw", "--", "true"],
+            runner_env(f"http://u:{secret}@127.0.0.1:{server.port}/0"),
+        )
+    assert (by_env.returncode, by_url.returncode) == (0, 0), by_env.stderr + by_url.stderr
+    assert wrong.returncode == 2
+    assert bad_url.returncode == 2
+    for res in (by_env, by_url, wrong, bad_url):
+        assert secret not in res.stderr + res.stdout
+    help_text = run(["exec", "--help"], runner_env(base, CRON_RUNNER_REDIS_PASSWORD=secret)).stdout
+    assert secret not in help_text
+
+
+def test_help_explains_exit_codes_and_environment(redis_server: RedisServer) -> None:
+    res = run(["--help"], runner_env(redis_server.url))
+    assert res.returncode == 0
+    for needle in ("exit codes:", "143", "CRON_RUNNER_REDIS_URL", "CRON_RUNNER_LEASE_TTL", "exec"):
+        assert needle in res.stdout
+
+
+def test_tasks_lists_names_and_origins(redis_server: RedisServer) -> None:
+    res = run(["tasks"], runner_env(redis_server.url))
+    assert res.returncode == 0
+    lines = res.stdout.splitlines()
+    assert [line.split()[0] for line in lines] == ["boom", "ok", "slow", "stubborn"]
+    assert "tests.sample_tasks.ok" in res.stdout

@@ -1,0 +1,145 @@
+"""Every exit code of DESIGN.md's table, through the CLI as a real subprocess."""
+
+from __future__ import annotations
+
+import signal
+import time
+from pathlib import Path
+
+import pytest
+import redis
+
+from runner.devserver import RedisServer, free_port
+from tests.helpers.proc import events, outcome, run, runner_env, side_effects, spawn
+from tests.helpers.wait import wait_for
+
+LEASE = "cron-runner:{default:%s}:lease"
+
+
+@pytest.fixture
+def effects(tmp_path: Path) -> Path:
+    return tmp_path / "effects.log"
+
+
+def test_ran_exit_0(redis_server: RedisServer, effects: Path) -> None:
+    res = run(["run", "ok"], runner_env(redis_server.url, SIDE_EFFECTS=str(effects)))
+    assert res.returncode == 0, res.stderr
+    assert outcome(res.stderr) == "ran"
+    assert len(side_effects(effects)) == 1
+    names = [e.get("event") for e in events(res.stderr)]
+    assert names[:2] == ["start", "acquired"]
+    assert "released" in names
+
+
+def test_skipped_when_held_exit_0(redis_server: RedisServer, r: redis.Redis, effects: Path) -> None:
+    r.set(LEASE % "ok", "other-pod:abcd", px=60_000)
+    res = run(["run", "ok"], runner_env(redis_server.url, SIDE_EFFECTS=str(effects)))
+    assert res.returncode == 0, res.stderr
+    assert outcome(res.stderr) == "skipped_held"
+    skipped = next(e for e in events(res.stderr) if e.get("event") == "skipped")
+    assert skipped["run_holder"] == "other-pod"
+    assert side_effects(effects) == []
+
+
+def test_skipped_when_slot_done_exit_0(redis_server: RedisServer, effects: Path) -> None:
+    env = runner_env(redis_server.url, SIDE_EFFECTS=str(effects), CRON_RUNNER_SCHEDULE="0 0 * * *")
+    first = run(["run", "ok"], {**env, "CRON_RUNNER_HOLDER": "first"})
+    second = run(["run", "ok"], {**env, "CRON_RUNNER_HOLDER": "second"})
+    assert (first.returncode, second.returncode) == (0, 0), second.stderr
+    assert outcome(second.stderr) == "skipped_done"
+    skipped = next(e for e in events(second.stderr) if e.get("event") == "skipped")
+    assert skipped["run_holder"] == "first"
+    assert len(side_effects(effects)) == 1
+
+
+def test_task_raised_exit_1_and_slot_stays_open(redis_server: RedisServer, r: redis.Redis) -> None:
+    env = runner_env(redis_server.url, CRON_RUNNER_SCHEDULE="0 0 * * *")
+    res = run(["run", "boom"], env)
+    assert res.returncode == 1
+    assert outcome(res.stderr) == "failed"
+    assert "boom: the task failed on purpose" in res.stderr
+    assert r.get(LEASE % "boom") is None
+    assert not r.keys("cron-runner:{default:boom}:slot:*")
+
+
+def test_exec_passes_child_exit_code(redis_server: RedisServer, r: redis.Redis) -> None:
+    res = run(["exec", "--name", "seven", "--", "sh", "-c", "exit 7"], runner_env(redis_server.url))
+    assert res.returncode == 7
+    assert outcome(res.stderr) == "failed"
+    assert r.get(LEASE % "seven") is None
+
+
+def test_exec_output_is_passed_through(redis_server: RedisServer) -> None:
+    res = run(
+        [
+            "exec",
+            "--name",
+            "echo",
+            "--",
+            "sh",
+            "-c",
+            'echo "out $CRON_RUNNER_FENCING_TOKEN"; echo err >&2',
+        ],
+        runner_env(redis_server.url),
+    )
+    assert res.returncode == 0
+    assert res.stdout == "out 1\n"
+    assert "err" in res.stderr.splitlines()
+
+
+@pytest.mark.parametrize(
+    ("args", "extra_env", "named"),
+    [
+        (["run", "ok"], {"CRON_RUNNER_SCHEDULE": "61 * * * *"}, "CRON_RUNNER_SCHEDULE"),
+        (["run", "ok", "--schedule", "not a cron"], {}, "--schedule"),
+        (["run", "nope"], {}, "known tasks: boom, ok, slow, stubborn"),
+        (["run", "ok"], {"CRON_RUNNER_TIMEZONE": "Mars/Olympus"}, "CRON_RUNNER_TIMEZONE"),
+        (["run", "ok"], {"CRON_RUNNER_REDIS_URL": "http://x"}, "CRON_RUNNER_REDIS_URL"),
+        (["run", "ok"], {"CRON_RUNNER_LEASE_TTL": "thirty"}, "CRON_RUNNER_LEASE_TTL"),
+        (["run", "ok", "--lease-ttl", "10x"], {}, "--lease-ttl"),
+        (["run", "ok"], {"CRON_RUNNER_LEASE_TTL": "100ms"}, "at least 1s"),
+        (["exec", "--name", "x"], {}, "no command given"),
+        (["exec", "--name", "bad{name}", "--", "true"], {}, "--name"),
+        (["frobnicate"], {}, "invalid choice"),
+    ],
+)
+def test_config_errors_exit_2(
+    redis_server: RedisServer, effects: Path, args: list[str], extra_env: dict[str, str], named: str
+) -> None:
+    env = runner_env(redis_server.url, SIDE_EFFECTS=str(effects), **extra_env)
+    res = run(args, env)
+    assert res.returncode == 2, res.stderr
+    assert named in res.stderr
+    assert "Traceback" not in res.stderr
+    assert side_effects(effects) == []
+
+
+def test_unreachable_exit_3_within_deadline_and_never_runs(effects: Path) -> None:
+    env = runner_env(
+        f"redis://127.0.0.1:{free_port()}/0",
+        SIDE_EFFECTS=str(effects),
+        CRON_RUNNER_CONNECT_TIMEOUT="1500ms",
+    )
+    started = time.monotonic()
+    res = run(["exec", "--name", "x", "--", "sh", "-c", f"echo ran >> {effects}"], env)
+    elapsed = time.monotonic() - started
+    assert res.returncode == 3, res.stderr
+    assert outcome(res.stderr) == "unavailable"
+    assert not effects.exists()
+    # The deadline is kept: 1.5 s plus one bounded connect attempt, plus process start.
+    assert 1.5 <= elapsed < 1.5 + 0.5 + 5
+
+
+def test_sigterm_exit_143_and_lease_released(
+    redis_server: RedisServer, r: redis.Redis, effects: Path
+) -> None:
+    env = runner_env(redis_server.url, SIDE_EFFECTS=str(effects), TASK_SECONDS="30")
+    proc = spawn(["run", "slow"], env)
+    wait_for(lambda: side_effects(effects, "start"), what="task start")
+    proc.send_signal(signal.SIGTERM)
+    _, stderr = proc.communicate(timeout=30)
+    assert proc.returncode == 143, stderr
+    assert outcome(stderr) == "terminated"
+    assert r.get(LEASE % "slow") is None
+    assert "terminated" in [e.get("event") for e in events(stderr)]
+    assert not side_effects(effects, "done")
