@@ -6,7 +6,8 @@
 #
 #   scripts/image.sh build       the base (mmdebstrap, tarball cached), localhost/cron-runner:test
 #                                and the examples/custom-image user image on top of it
-#   scripts/image.sh test        build, run the image tests (pytest -m image), print figures, clean
+#   scripts/image.sh test        build, run the image tests (pytest -m image), print figures,
+#                                clean (KEEP_IMAGE=1 keeps everything for a look around)
 #   scripts/image.sh clean       remove our pods, images and storage; keep the cached base tarball
 #   scripts/image.sh env CMD...  run CMD with the private configuration (e.g. `env podman ps -a`)
 #
