@@ -1,0 +1,528 @@
+"""Schedule slots: which scheduled fire time a run belongs to (DESIGN.md, The slot).
+
+Two sources, both pure (no Redis, no clock reads):
+
+* **Job names.** The Kubernetes CronJob controller names each Job
+  ``<cronjob>-<scheduled time in minutes since the Unix epoch>``, so a pod knows its slot exactly
+  however late it starts (:func:`slot_from_job_name`). This path never imports croniter: a
+  CronJob pod starts cold every time.
+* **Schedules.** Elsewhere the slot is the latest fire time at or before ``now + tolerance``
+  (:class:`Schedule`, :func:`slot_for`). croniter is imported when the first schedule is parsed.
+
+Fire times across daylight-saving changes
+-----------------------------------------
+A fire time is a UTC instant whose wall-clock time in the schedule's zone matches the cron
+fields. So a wall time that a spring-forward skips does not fire that day, and a wall time that a
+fall-back repeats fires twice, an hour apart. This is what robfig/cron v3 does, and therefore what
+the Kubernetes CronJob controller does with ``timeZone`` ("2am nightly job (skipped)", "1am
+nightly job (runs twice)" in its spec tests): the slot a VM computes from the schedule is the
+very slot the controller writes into the Job name.
+
+croniter is used only for calendar arithmetic on naive wall-clock times, where it has no DST
+logic to get wrong; its own time-zone handling (it moves a skipped time to the next valid
+minute, and picks one of two ambiguous instants by proximity) is not used. Wall times are
+mapped to instants here, one stretch of constant UTC offset at a time: within a stretch the
+wall clock is the instant plus a constant, so croniter's answer converts exactly; when it falls
+outside the stretch, the search continues in the neighbouring stretch.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import re
+import threading
+from bisect import bisect_right
+from calendar import monthrange
+from collections.abc import Sequence
+from datetime import UTC, date, datetime
+from functools import cache
+from typing import TYPE_CHECKING, Final
+
+from runner.errors import ConfigError
+
+if TYPE_CHECKING:
+    from zoneinfo import ZoneInfo
+
+    from croniter import croniter
+
+# ---------------------------------------------------------------------------------------------
+# Job names
+# ---------------------------------------------------------------------------------------------
+
+#: 2015-01-01T00:00Z in minutes. CronJobs (then ScheduledJobs) first shipped in Kubernetes 1.4,
+#: September 2016, so no controller ever named a Job for an earlier minute.
+MIN_SLOT_MINUTES: Final = 23_667_840
+#: Exclusive bound, the first 9-digit minute (2160-02-18): the controller writes 8 digits today.
+MAX_SLOT_MINUTES: Final = 100_000_000
+
+# 8 ASCII digits, no leading zero ("%d" never writes one). The prefix is greedy, so digits
+# inside the CronJob's own name ("report-v2", "backup-2") stay in the prefix. \Z, not $.
+_JOB_NAME_RE: Final = re.compile(r"(?P<cronjob>.+)-(?P<minutes>[1-9][0-9]{7})\Z", re.ASCII)
+
+
+def slot_from_job_name(job_name: str, cronjob_name: str | None) -> int | None:
+    """The slot (epoch seconds) encoded in a CronJob's Job name, or ``None`` for a manual run.
+
+    The name must be ``<cronjob>-<minutes>``, where ``<minutes>`` is a plausible minute since
+    the Unix epoch as the controller writes it: exactly 8 ASCII digits, no leading zero, and a
+    value from 2015-01-01 (:data:`MIN_SLOT_MINUTES`) up to February 2160
+    (:data:`MAX_SLOT_MINUTES`, where a ninth digit appears). That rule is what tells a
+    controller's name from the names people and tools give manual Jobs:
+
+    * short numbers (``backup-2``, ``job-42``) and 5-character generated suffixes are too short;
+    * epoch seconds (``x-1767225600``, 10 digits) and ``date +%Y%m%d%H%M`` stamps are too long;
+    * ``date +%Y%m%d`` (``x-20260115``) has 8 digits but reads as a minute in 2008, before any
+      CronJob existed;
+    * ``x-manual``, ``x-abc`` or a hash with letters do not parse at all.
+
+    When ``cronjob_name`` is given (``CRON_RUNNER_CRONJOB_NAME``), everything before the last
+    ``-`` must equal it exactly; a Job created by hand as ``kubectl create job --from=cronjob/x
+    y-29500000`` is then a manual run too. When it is ``None`` or empty, any non-empty prefix is
+    accepted.
+    """
+    match = _JOB_NAME_RE.fullmatch(job_name)
+    if match is None:
+        return None
+    if cronjob_name and match["cronjob"] != cronjob_name:
+        return None
+    minutes = int(match["minutes"])
+    if minutes < MIN_SLOT_MINUTES:
+        return None
+    return minutes * 60
+
+
+def job_name_for(cronjob_name: str, slot_s: int) -> str:
+    """The name the CronJob controller gives the Job of ``slot_s`` (the inverse of the parser)."""
+    if not cronjob_name:
+        raise ValueError("a CronJob name is required")
+    if slot_s % 60:
+        raise ValueError(f"slot {slot_s} is not a whole minute: the controller names minutes")
+    return f"{cronjob_name}-{slot_s // 60}"
+
+
+# ---------------------------------------------------------------------------------------------
+# Schedules
+# ---------------------------------------------------------------------------------------------
+
+CRON_FORM: Final = (
+    "expected 5 fields: minute hour day-of-month month day-of-week, e.g. '*/5 * * * *', "
+    "or one of @hourly, @daily, @midnight, @weekly, @monthly, @yearly, @annually"
+)
+TZ_FORM: Final = "expected an IANA name such as 'UTC' or 'Europe/Berlin'"
+
+_MACROS: Final = {
+    "@yearly": "0 0 1 1 *",
+    "@annually": "0 0 1 1 *",
+    "@monthly": "0 0 1 * *",
+    "@weekly": "0 0 * * 0",
+    "@daily": "0 0 * * *",
+    "@midnight": "0 0 * * *",
+    "@hourly": "0 * * * *",
+}
+_MONTH_NAMES: Final = ("jan", "feb", "mar", "apr", "may", "jun",
+                       "jul", "aug", "sep", "oct", "nov", "dec")  # fmt: skip
+_DOW_NAMES: Final = ("sun", "mon", "tue", "wed", "thu", "fri", "sat")
+
+
+class _Field:
+    def __init__(self, name: str, low: int, high: int, names: tuple[str, ...] = ()) -> None:
+        self.name = name
+        self.low = low
+        self.high = high
+        self.names = {n: i + low for i, n in enumerate(names)}
+        value = "|".join(["[0-9]+", *names])
+        item = rf"(?:\*|(?:{value})(?:-(?:{value}))?)(?:/[0-9]+)?"
+        self.pattern = re.compile(rf"{item}(?:,{item})*\Z", re.ASCII | re.IGNORECASE)
+        self.question_mark = name in ("day-of-month", "day-of-week")
+
+    def value(self, text: str) -> int:
+        return int(text) if text.isdigit() else self.names[text.lower()]
+
+    def check(self, text: str) -> str | None:
+        """Why ``text`` is not a valid field, or None. Ranges must run forwards and stay in bounds."""
+        if self.question_mark and text == "?":
+            return None
+        if not self.pattern.match(text):
+            return f"{self.name} field {text!r} is not valid"
+        for item in text.split(","):
+            range_part, _, step = item.partition("/")
+            if step and int(step) == 0:
+                return f"{self.name} field {text!r} has a step of 0"
+            if range_part == "*":
+                continue
+            low_text, _, high_text = range_part.partition("-")
+            low = self.value(low_text)
+            high = self.value(high_text) if high_text else low
+            for v in (low, high):
+                if not self.low <= v <= self.high:
+                    return f"{self.name} field {text!r}: {v} is out of range {self.low}-{self.high}"
+            if low > high:
+                return f"{self.name} field {text!r}: the range {range_part} runs backwards"
+        return None
+
+
+@cache
+def _fields() -> tuple[_Field, ...]:
+    # Built on first use: compiling the patterns is a measurable part of a cold start.
+    return (
+        _Field("minute", 0, 59),
+        _Field("hour", 0, 23),
+        _Field("day-of-month", 1, 31),
+        _Field("month", 1, 12, _MONTH_NAMES),
+        _Field("day-of-week", 0, 7, _DOW_NAMES),
+    )
+
+
+_DAY_S: Final = 86_400
+# Every stretch of constant UTC offset in tzdata since 1970 lasts at least 6.9 days (scanned
+# over all zones, 1970-2060; shortest: Brazil 2000, Gaza/Hebron predictions). Probing the
+# offset every 2 days therefore cannot step over a whole stretch, so between two probes with
+# different offsets there is exactly one change, and a bisection finds it to the second.
+_PROBE_STEP_S: Final = 2 * _DAY_S
+# Offset changes are listed once per schedule for this window (used for the gap analysis, and
+# to answer queries inside it without probing). Fixed, so a Schedule depends only on its inputs
+# and the tzdata version: 29 years cover every weekday/date alignment of DST rules.
+_WINDOW_START_S: Final = int(datetime(2020, 1, 1, tzinfo=UTC).timestamp())
+_WINDOW_END_S: Final = int(datetime(2049, 1, 1, tzinfo=UTC).timestamp())
+# The calendar repeats every 28 years from 1901 to 2099 (the Gregorian exceptions are 1900 and
+# 2100), so these 33 years hold every gap between matching days that any year of that range
+# has, including the 4 years of a Feb-29 schedule. (Across 2100 that gap is 8 years; ignored.)
+_CALENDAR_YEARS: Final = range(2001, 2034)
+# No schedule accepted here fires less often than every 8 years; further means it never fires.
+_MAX_SEARCH_S: Final = 10 * 366 * _DAY_S
+_LATEST_S: Final = int(datetime(4000, 1, 1, tzinfo=UTC).timestamp())
+# The gap that spans an offset change of an every-day or weekday schedule is at most 8 days, so
+# only another change closer than this can make two changes that look alike give other gaps.
+_NEIGHBOUR_CAP_S: Final = 9 * _DAY_S
+
+_cache: dict[tuple[str, str, float], Schedule] = {}
+_cache_lock = threading.Lock()
+
+
+def _normalise(expr: str) -> str:
+    def bad(reason: str) -> ConfigError:
+        return ConfigError(f"bad cron expression {expr!r}: {reason}; {CRON_FORM}")
+
+    text = expr.strip()
+    if text.startswith("@"):
+        macro = _MACROS.get(text.lower())
+        if macro is None:
+            raise bad(f"unknown macro {text!r}")
+        return macro
+    fields = text.split()
+    if len(fields) != 5:
+        extra = " (a seconds or year field is not supported)" if len(fields) in (6, 7) else ""
+        raise bad(f"it has {len(fields)} fields{extra}")
+    for spec, field in zip(_fields(), fields, strict=True):
+        reason = spec.check(field)
+        if reason is not None:
+            raise bad(reason)
+    return " ".join(fields)
+
+
+def _zone(tz: str) -> ZoneInfo:
+    from zoneinfo import ZoneInfo, ZoneInfoNotFoundError  # noqa: PLC0415 - start-up cost
+
+    try:
+        if not tz or tz != tz.strip():
+            raise ValueError(tz)
+        return ZoneInfo(tz)
+    except (ZoneInfoNotFoundError, ValueError, OSError) as exc:
+        raise ConfigError(f"unknown time zone {tz!r}: {TZ_FORM}") from exc
+
+
+def _instant(t_s: float) -> float:
+    if not (math.isfinite(t_s) and 0 <= t_s < _LATEST_S):
+        raise ValueError(f"time {t_s!r} is not epoch seconds between 1970 and the year 4000")
+    return t_s
+
+
+def _values(field: Sequence[int | str], low: int, high: int) -> list[int]:
+    return list(range(low, high + 1)) if field == ["*"] else sorted({int(v) for v in field})
+
+
+class Schedule:
+    """A validated cron schedule in a time zone, with the skew tolerance it is used with.
+
+    Build it with :meth:`parse`. Times in and out are epoch seconds (UTC); fire times are whole
+    minutes of wall-clock time in the zone (see the module docstring for DST). Immutable and
+    safe to share between threads.
+
+    ``min_gap_s`` / ``max_gap_s`` are the shortest and longest gaps between consecutive fire
+    times. They combine two exact parts:
+
+    * the wall-clock gaps, computed from the cron fields: gaps between fire times within a day,
+      and gaps between matching days, scanned over 33 years of calendar (every alignment of
+      weekdays, month lengths and leap years from 1901 to 2099); and
+    * the gap that spans each change of UTC offset in the zone from 2020 to 2048, found by
+      bisection and measured with the exact fire times on both sides (a skipped 02:30, a
+      doubled 01:30, a Friday-to-Monday gap that holds a DST change).
+
+    Away from offset changes the real gap is a wall-clock gap, so the result is exact, except
+    that a wall-clock gap which only ever occurs across a DST change is still counted: then
+    ``min_gap_s`` can be a little smaller and ``max_gap_s`` a little larger than the real ones,
+    the safe side for both the tolerance check and the slot-marker retention.
+    """
+
+    expr: str
+    tz: str
+    tolerance_s: float
+    min_gap_s: float
+    max_gap_s: float
+
+    def __init__(
+        self, expr: str, tz: str, tolerance_s: float, zone: ZoneInfo, cron: croniter
+    ) -> None:
+        self.expr = expr
+        self.tz = tz
+        self.tolerance_s = tolerance_s
+        self._zone = zone
+        self._cron = cron
+        # croniter keeps its position in the object, so each query holds the lock.
+        self._cron_lock = threading.Lock()
+        self._transitions = self._scan_transitions(_WINDOW_START_S, _WINDOW_END_S)
+        self.min_gap_s, self.max_gap_s = self._gaps()
+
+    @classmethod
+    def parse(cls, expr: str, tz: str = "UTC", tolerance_s: float = 30.0) -> Schedule:
+        """Validate and build; raises :class:`ConfigError` naming the bad part and the form.
+
+        Results are cached by their arguments: a run parses the same schedule several times.
+        """
+        key = (expr, tz, float(tolerance_s))
+        with _cache_lock:
+            cached = _cache.get(key)
+        if cached is not None:
+            return cached
+        schedule = cls._build(expr, tz, float(tolerance_s))
+        with _cache_lock:
+            if len(_cache) >= 64:
+                _cache.clear()
+            _cache[key] = schedule
+        return schedule
+
+    @classmethod
+    def _build(cls, expr: str, tz: str, tolerance_s: float) -> Schedule:
+        normalised = _normalise(expr)
+        zone = _zone(tz)
+        if not (math.isfinite(tolerance_s) and tolerance_s >= 0):
+            raise ConfigError(
+                f"skew tolerance {tolerance_s!r} is not valid: expected a duration >= 0 seconds"
+            )
+        from croniter import CroniterError, croniter  # noqa: PLC0415 - start-up cost
+
+        try:
+            cron = croniter(normalised, start_time=0.0)
+        except CroniterError as exc:  # the field checks above should leave nothing for this
+            raise ConfigError(f"bad cron expression {expr!r}: {exc}; {CRON_FORM}") from exc
+        schedule = cls(expr, tz, tolerance_s, zone, cron)
+        if tolerance_s >= schedule.min_gap_s / 2:
+            raise ConfigError(
+                f"skew tolerance {tolerance_s:g}s is too large for schedule {expr!r} in {tz}: "
+                f"it must be less than half the shortest gap between fire times "
+                f"({schedule.min_gap_s:g}s / 2 = {schedule.min_gap_s / 2:g}s)"
+            )
+        return schedule
+
+    def __repr__(self) -> str:
+        return f"Schedule({self.expr!r}, tz={self.tz!r}, tolerance_s={self.tolerance_s:g})"
+
+    @property
+    def retention_s(self) -> float:
+        """How long to keep a slot marker: twice the longest gap, at least an hour."""
+        return max(3600.0, 2 * self.max_gap_s)
+
+    # -- queries ------------------------------------------------------------------------------
+
+    def slot_for(self, now_s: float) -> int:
+        """The latest fire time at or before ``now_s + tolerance_s``.
+
+        A runner whose clock is behind the trigger's by up to the tolerance, or that starts
+        late (up to the next fire time minus the tolerance), gets the same slot.
+        """
+        return self._prev_fire(math.floor(_instant(now_s) + self.tolerance_s))
+
+    def next_after(self, t_s: float) -> int:
+        """The first fire time strictly after ``t_s``."""
+        return self._next_fire(math.floor(_instant(t_s)) + 1)
+
+    def previous_at_or_before(self, t_s: float) -> int:
+        """The last fire time at or before ``t_s``."""
+        return self._prev_fire(math.floor(_instant(t_s)))
+
+    # -- fire times: one stretch of constant UTC offset at a time ---------------------------
+
+    def _prev_fire(self, t: int) -> int:
+        cur = t
+        while t - cur <= _MAX_SEARCH_S:
+            offset = self._offset(cur)
+            fire = self._cron_prev_wall(cur + offset) - offset
+            start = self._stretch_start(cur, offset, fire)
+            if fire >= start:
+                return fire
+            cur = start - 1
+        raise self._never_fires(t)
+
+    def _next_fire(self, t: int) -> int:
+        cur = t
+        while cur - t <= _MAX_SEARCH_S:
+            offset = self._offset(cur)
+            fire = self._cron_next_wall(cur + offset) - offset
+            end = self._stretch_end(cur, offset, fire)
+            if fire <= end:
+                return fire
+            cur = end + 1
+        raise self._never_fires(t)
+
+    def _never_fires(self, t: int) -> ConfigError:
+        when = datetime.fromtimestamp(t, UTC).isoformat()
+        return ConfigError(
+            f"schedule {self.expr!r} in {self.tz} has no fire time within 10 years of {when}"
+            " (every matching wall-clock time falls in a DST gap?)"
+        )
+
+    def _cron_prev_wall(self, wall: int) -> int:
+        """The latest matching wall time <= ``wall`` (naive seconds, read as if UTC)."""
+        with self._cron_lock:
+            return int(self._cron.get_prev(float, start_time=float(wall + 1)))
+
+    def _cron_next_wall(self, wall: int) -> int:
+        """The earliest matching wall time >= ``wall``."""
+        with self._cron_lock:
+            return int(self._cron.get_next(float, start_time=float(wall - 1)))
+
+    def _offset(self, t: int) -> int:
+        delta = datetime.fromtimestamp(t, self._zone).utcoffset()
+        assert delta is not None  # a ZoneInfo always has one
+        return int(delta.total_seconds())
+
+    def _stretch_start(self, cur: int, offset: int, floor: int) -> int:
+        """Where the stretch of ``offset`` that holds ``cur`` begins, or ``floor`` if earlier."""
+        if _WINDOW_START_S <= cur <= _WINDOW_END_S:
+            i = bisect_right(self._transitions, cur)
+            if i:
+                return self._transitions[i - 1]
+            cur = _WINDOW_START_S
+        while cur > floor:
+            probe = max(cur - _PROBE_STEP_S, floor)
+            if self._offset(probe) != offset:
+                return self._change_between(probe, cur)
+            cur = probe
+        return floor
+
+    def _stretch_end(self, cur: int, offset: int, ceiling: int) -> int:
+        """Where the stretch of ``offset`` that holds ``cur`` ends, or ``ceiling`` if later."""
+        if _WINDOW_START_S <= cur < _WINDOW_END_S:
+            i = bisect_right(self._transitions, cur)
+            if i < len(self._transitions):
+                return self._transitions[i] - 1
+            cur = _WINDOW_END_S
+        while cur < ceiling:
+            probe = min(cur + _PROBE_STEP_S, ceiling)
+            if self._offset(probe) != offset:
+                return self._change_between(cur, probe) - 1
+            cur = probe
+        return ceiling
+
+    def _change_between(self, low: int, high: int) -> int:
+        """The first second of the new offset, given one change in (low, high]."""
+        low_offset = self._offset(low)
+        while high - low > 1:
+            mid = (low + high) // 2
+            if self._offset(mid) == low_offset:
+                low = mid
+            else:
+                high = mid
+        return high
+
+    def _scan_transitions(self, start: int, end: int) -> list[int]:
+        changes = []
+        offset = self._offset(start)
+        t = start
+        while t < end:
+            probe = min(t + _PROBE_STEP_S, end)
+            probe_offset = self._offset(probe)
+            if probe_offset != offset:
+                changes.append(self._change_between(t, probe))
+                offset = probe_offset
+            t = probe
+        return changes
+
+    # -- gaps ---------------------------------------------------------------------------------
+
+    def _gaps(self) -> tuple[float, float]:
+        minute, hour, dom, month, dow = self._cron.expanded[:5]
+        times_s = [h * 3600 + m * 60 for h in _values(hour, 0, 23) for m in _values(minute, 0, 59)]
+        gaps = {b - a for a, b in itertools.pairwise(times_s)}
+        span_s = times_s[-1] - times_s[0]
+        gaps |= {days * _DAY_S - span_s for days in self._day_gaps(dom, month, dow)}
+        gaps |= self._gaps_across_offset_changes(dom == ["*"] and month == ["*"], dow != ["*"])
+        return float(min(gaps)), float(max(gaps))
+
+    def _day_gaps(
+        self, dom: Sequence[int | str], month: Sequence[int | str], dow: Sequence[int | str]
+    ) -> set[int]:
+        """Gaps, in days, between consecutive days that match (croniter's day semantics)."""
+        dows = set(_values(dow, 0, 6))
+        if dom == ["*"] and month == ["*"]:
+            weekdays = sorted(dows)
+            return {b - a for a, b in zip(weekdays, [*weekdays[1:], weekdays[0] + 7], strict=True)}
+        doms = set(_values(dom, 1, 31))
+        # Like cron (and croniter): when both day fields are restricted, either one matches.
+        either = dom != ["*"] and dow != ["*"]
+        days: list[int] = []
+        for year in _CALENDAR_YEARS:
+            for m in _values(month, 1, 12):
+                first_weekday, length = monthrange(year, m)  # Monday is 0; in cron Sunday is 0
+                first = date(year, m, 1).toordinal()
+                for day in range(1, length + 1):
+                    in_dom = day in doms
+                    in_dow = (first_weekday + day) % 7 in dows
+                    if (in_dom or in_dow) if either else (in_dom and in_dow):
+                        days.append(first + day - 1)
+        if len(days) < 2:
+            raise ConfigError(
+                f"bad cron expression {self.expr!r}: no day ever matches (such as 30 February); "
+                f"{CRON_FORM}"
+            )
+        return {b - a for a, b in itertools.pairwise(days)}
+
+    def _gaps_across_offset_changes(self, every_day_alike: bool, by_weekday: bool) -> set[int]:
+        """The gap that spans each offset change in the window, from the exact fire times.
+
+        When the day fields do not depend on the date (only, perhaps, on the weekday), changes
+        that look alike locally give the same gap, and only one of each kind is measured.
+        """
+        gaps: set[int] = set()
+        seen: set[tuple[int | None, ...]] = set()
+        changes = self._transitions
+        covered_until = -1
+        for i, change in enumerate(changes):
+            if change <= covered_until:
+                continue  # the gap measured for the previous change spans this one too
+            if every_day_alike:
+                before = change - changes[i - 1] if i else None
+                after = changes[i + 1] - change if i + 1 < len(changes) else None
+                new_offset = self._offset(change)
+                wall = datetime.fromtimestamp(change, self._zone)
+                kind = (
+                    self._offset(change - 1),
+                    new_offset,
+                    (change + new_offset) % _DAY_S,
+                    wall.isoweekday() if by_weekday else None,
+                    None if before is None else min(before, _NEIGHBOUR_CAP_S),
+                    None if after is None else min(after, _NEIGHBOUR_CAP_S),
+                )
+                if kind in seen:
+                    continue
+                seen.add(kind)
+            last_before = self._prev_fire(change - 1)
+            covered_until = self._next_fire(last_before + 1)
+            gaps.add(covered_until - last_before)
+        return gaps
+
+
+def slot_for(schedule: str, tz: str, now_s: float, tolerance_s: float) -> int:
+    """The slot of ``schedule`` in ``tz`` at ``now_s``; see :meth:`Schedule.slot_for`."""
+    return Schedule.parse(schedule, tz, tolerance_s).slot_for(now_s)
