@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
+from typing import cast
 
 import pytest
 import redis
@@ -278,6 +279,10 @@ def aof_server() -> Iterator[RedisServer]:
     # does depends on timing: the test could not be deterministic. SIGKILL (not SIGTERM,
     # which flushes on shutdown anyway) is the restart that can actually lose data.
     with RedisServer(appendonly=True, extra_args=["--appendfsync", "always"]) as server:
+        client = server.client()
+        config = cast(dict[str, str], client.config_get("append*"))
+        assert (config["appendonly"], config["appendfsync"]) == ("yes", "always")
+        client.close()
         yield server
 
 
