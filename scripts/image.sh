@@ -57,6 +57,7 @@ runtime = "runc"
 cgroup_manager = "cgroupfs"
 events_logger = "file"
 tmp_dir = "$WORK/libpod"
+image_copy_tmp_dir = "$WORK/tmp"
 lock_type = "file"
 
 [network]
