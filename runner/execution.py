@@ -84,7 +84,7 @@ def retention_s(settings: Settings) -> float:
         sched = slots.Schedule.parse(
             settings.slots.schedule, settings.slots.timezone, settings.slots.skew_tolerance_s
         )
-        return max(ONE_HOUR_S, 2 * sched.max_gap_s)
+        return sched.retention_s
     # A Job-name slot without a schedule: a day covers any CronJob retry window.
     return 24 * ONE_HOUR_S
 
@@ -125,7 +125,13 @@ class Execution:
         self.started_mono = clock.monotonic()
         self.slot = resolve_slot(self.settings, self.started_wall)
         self.log.bind(slot=self.slot if self.slot is not None else "manual")
-        self.log.info("start", extra={"event": "start"})
+        job = self.settings.slots.job_name
+        self.log.info(
+            f"start (manual run: Job {job!r} carries no scheduled time)"
+            if job and self.slot is None
+            else "start",
+            extra={"event": "start"},
+        )
         if self.shutdown.requested:
             return self._finish_log(RunResult(TERMINATED, 143, reason="terminated before start"))
 

@@ -10,7 +10,7 @@ import re
 import socket
 import sys
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from urllib.parse import unquote, urlsplit
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
@@ -277,7 +277,7 @@ def _slots(src: _Source) -> SlotSettings:
                 "'UTC' or 'Europe/Berlin'"
             ) from exc
     schedule, _ = src.get("SCHEDULE")
-    job_name, _ = src.get("JOB_NAME")
+    job_name, _ = src.get("JOB_NAME")  # get() strips whitespace
     cronjob_name, _ = src.get("CRONJOB_NAME")
     return SlotSettings(
         schedule=schedule,
@@ -310,13 +310,28 @@ def load_settings(
         ),
     )
     if settings.slots.schedule is not None:
-        # Validate now (bad cron, tolerance too large) so the error names the setting.
-        from runner.slots import Schedule  # noqa: PLC0415 - croniter only when a schedule is set
-
-        try:
-            Schedule.parse(
-                settings.slots.schedule, settings.slots.timezone, settings.slots.skew_tolerance_s
-            )
-        except ConfigError as exc:
-            raise ConfigError(f"{src.get('SCHEDULE')[1]}: {exc}") from exc
+        settings = replace(settings, slots=_checked_schedule(src, settings.slots))
     return settings
+
+
+def _checked_schedule(src: _Source, slots: SlotSettings) -> SlotSettings:
+    """Validate the schedule now (bad cron, tolerance too large) so the error names the setting.
+
+    The default tolerance (30 s) is not below half of a one-minute gap: for such schedules the
+    default becomes just under that half, while a tolerance set explicitly is checked as given.
+    """
+    from runner.slots import Schedule, ToleranceTooLarge  # noqa: PLC0415 - croniter only if needed
+
+    assert slots.schedule is not None
+    try:
+        Schedule.parse(slots.schedule, slots.timezone, slots.skew_tolerance_s)
+        return slots
+    except ToleranceTooLarge as exc:
+        tolerance, origin = src.get("SKEW_TOLERANCE")
+        if tolerance is not None:
+            raise ConfigError(f"{origin}: {exc}") from exc
+        slots = replace(slots, skew_tolerance_s=exc.min_gap_s / 2 - 1)
+        Schedule.parse(slots.schedule or "", slots.timezone, slots.skew_tolerance_s)
+        return slots
+    except ConfigError as exc:
+        raise ConfigError(f"{src.get('SCHEDULE')[1]}: {exc}") from exc

@@ -196,6 +196,15 @@ _LATEST_S: Final = int(datetime(4000, 1, 1, tzinfo=UTC).timestamp())
 # only another change closer than this can make two changes that look alike give other gaps.
 _NEIGHBOUR_CAP_S: Final = 9 * _DAY_S
 
+
+class ToleranceTooLarge(ConfigError):
+    """The skew tolerance is not below half the schedule's shortest gap."""
+
+    def __init__(self, message: str, min_gap_s: float) -> None:
+        super().__init__(message)
+        self.min_gap_s = min_gap_s
+
+
 _cache: dict[tuple[str, str, float], Schedule] = {}
 _cache_lock = threading.Lock()
 
@@ -318,10 +327,11 @@ class Schedule:
             raise ConfigError(f"bad cron expression {expr!r}: {exc}; {CRON_FORM}") from exc
         schedule = cls(expr, tz, tolerance_s, zone, cron)
         if tolerance_s >= schedule.min_gap_s / 2:
-            raise ConfigError(
+            raise ToleranceTooLarge(
                 f"skew tolerance {tolerance_s:g}s is too large for schedule {expr!r} in {tz}: "
                 f"it must be less than half the shortest gap between fire times "
-                f"({schedule.min_gap_s:g}s / 2 = {schedule.min_gap_s / 2:g}s)"
+                f"({schedule.min_gap_s:g}s / 2 = {schedule.min_gap_s / 2:g}s)",
+                schedule.min_gap_s,
             )
         return schedule
 

@@ -7,6 +7,7 @@ import signal
 import subprocess
 import time
 from pathlib import Path
+from typing import cast
 
 import redis
 
@@ -95,7 +96,7 @@ def test_python_task_ignoring_cancel_exits_143_without_release(
     assert "abandoned" in [e.get("event") for e in events(stderr)]
     # Left to expire by its TTL: the task may still be running for all Redis knows.
     assert r.get(LEASE % "stubborn") is not None
-    assert r.pttl(LEASE % "stubborn") > 0
+    assert cast(int, r.pttl(LEASE % "stubborn")) > 0
 
 
 def test_sigstop_past_ttl_loses_lease_kills_child_exits_4(
@@ -119,7 +120,9 @@ def test_sigstop_past_ttl_loses_lease_kills_child_exits_4(
     wait_for(lambda: r.get(LEASE % "frozen") is None, timeout_s=5, what="lease expiry in Redis")
     assert r.set(LEASE % "frozen", "other-replica:beef", px=30_000, nx=True)
     other_state = {
-        k: r.dump(k) for k in r.keys("cron-runner:{default:frozen}:*") if not k.endswith(":lease")
+        k: r.dump(k)
+        for k in cast(list[str], r.keys("cron-runner:{default:frozen}:*"))
+        if not k.endswith(":lease")
     }
 
     resumed = time.monotonic()

@@ -143,3 +143,11 @@ def test_sigterm_exit_143_and_lease_released(
     assert r.get(LEASE % "slow") is None
     assert "terminated" in [e.get("event") for e in events(stderr)]
     assert not side_effects(effects, "done")
+
+
+def test_every_minute_schedule_runs_with_default_tolerance(redis_server: RedisServer) -> None:
+    env = runner_env(redis_server.url, CRON_RUNNER_SCHEDULE="* * * * *")
+    assert run(["exec", "--name", "minutely", "--", "true"], env).returncode == 0
+    explicit = run(["exec", "--name", "minutely", "--skew-tolerance", "30s", "--", "true"], env)
+    assert explicit.returncode == 2
+    assert "--skew-tolerance" in explicit.stderr
