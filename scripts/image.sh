@@ -106,7 +106,8 @@ build() {
         --build-arg BASE_IMAGE="$BASE_IMAGE" --build-arg VERSION="$version" -t "$IMAGE" .
     # A user's image: `FROM cron-runner` + `pip install their-tasks`.
     buildah bud --quiet --layers --network host "${trust[@]}" \
-        --build-arg CRON_RUNNER_IMAGE="$IMAGE" -t "$EXAMPLE_IMAGE" examples/custom-image
+        --build-arg CRON_RUNNER_IMAGE="$IMAGE" -t "$EXAMPLE_IMAGE" \
+        -f examples/custom-image/Dockerfile examples/tasks-package
 }
 
 figures() {
