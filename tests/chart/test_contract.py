@@ -199,12 +199,15 @@ def ran_by(effects: Path) -> list[str]:
     return [line.split()[1] for line in effects.read_text().splitlines()]
 
 
-@pytest.mark.parametrize("kind", ["command", "registered"])
+@pytest.mark.parametrize(
+    ("kind", "schedule"),
+    [("command", SCHEDULE), ("registered", SCHEDULE), ("command", "* * * * *")],
+)
 def test_five_pods_of_one_job_run_the_task_once(
-    chart: Chart, acl_redis: RedisWithAcl, tmp_path: Path, kind: str
+    chart: Chart, acl_redis: RedisWithAcl, tmp_path: Path, kind: str, schedule: str
 ) -> None:
     effects = tmp_path / "effects.log"
-    cronjob = rendered_cronjob(chart, acl_redis.server.port, effects, kind)
+    cronjob = rendered_cronjob(chart, acl_redis.server.port, effects, kind, schedule)
     name = cronjob["metadata"]["name"]
     secrets_data = {PASSWORD_SECRET[0]: {PASSWORD_SECRET[1]: acl_redis.password}}
 
