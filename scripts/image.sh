@@ -28,10 +28,12 @@ die() { echo "image.sh: $*" >&2; exit 1; }
 
 require_tools() {
     local tool missing=()
-    for tool in podman buildah runc mmdebstrap; do
+    # catatonit is the pause process of the pods' infra containers.
+    for tool in podman buildah runc catatonit mmdebstrap; do
         command -v "$tool" >/dev/null || missing+=("$tool")
     done
-    ((${#missing[@]} == 0)) || die "missing ${missing[*]}: apt-get install -y podman buildah runc mmdebstrap"
+    ((${#missing[@]} == 0)) ||
+        die "missing ${missing[*]}: apt-get install -y podman buildah runc catatonit mmdebstrap"
 }
 
 configure() {
