@@ -99,6 +99,7 @@ class RedisServer:
                         probe.ping()
                     return self
                 if self.proc.poll() is not None or time.monotonic() > deadline:
+                    self.close()
                     raise RuntimeError(f"redis-server did not start: {' '.join(self.command())}")
                 time.sleep(0.02)
         finally:
