@@ -264,11 +264,7 @@ class Execution:
                     self.slot,
                     self._record(RAN, 0, None),
                     self._state(RAN, 0),
-                    {
-                        "holder": self.lease.holder,
-                        "finished_at": f"{clock.wall():.3f}",
-                        "fence": self.fence,
-                    },
+                    {"fence": self.fence},
                 )
             )
         except LeaseNotOwned as exc:

@@ -55,6 +55,7 @@ class Keeper:
         self._on_renewed = on_renewed
         self._stop = threading.Event()
         self._lost = threading.Event()
+        self._declare_lock = threading.Lock()
         self.lost_reason: str | None = None
         self.renewals = 0
         self.failed_renewals = 0
@@ -90,10 +91,12 @@ class Keeper:
         return self.is_lost()
 
     def _declare_lost(self, reason: str) -> None:
-        if self._lost.is_set():
-            return
-        self.lost_reason = reason
-        self._lost.set()
+        # The owner (is_lost) and the keeper thread may both see the deadline: report once.
+        with self._declare_lock:
+            if self._lost.is_set():
+                return
+            self.lost_reason = reason
+            self._lost.set()
         log.warning("lease lost: %s", reason, extra={"event": "lease_lost"})
         if self._on_lost is not None:
             self._on_lost(reason)

@@ -14,6 +14,7 @@ from typing import Any, Protocol
 
 from redis.exceptions import NoScriptError
 
+from runner import clock
 from runner.errors import LeaseNotOwned
 from runner.keys import TaskKeys
 
@@ -59,6 +60,10 @@ local token = ARGV[1]
 if token ~= '' then
   local current = redis.call('GET', KEYS[1])
   if current ~= token then
+    -- A retry whose first reply was lost: this token already completed the slot.
+    if #KEYS == 4 and redis.call('HGET', KEYS[4], 'token') == token then
+      return {'ok'}
+    end
     return {'not_owner', current or ''}
   end
   redis.call('DEL', KEYS[1])
@@ -205,9 +210,21 @@ class Lease:
         reply = SCRIPTS["renew"](self.client, [self.keys.lease], [self.token, self.ttl_ms])
         self._check_owner("renew", reply)
 
-    def complete(self, slot: int | None, record: Fields, state: Fields, marker: Fields) -> None:
-        """Success: delete the lease and, in the same step, mark the slot done and record the run."""
-        self._finish("complete", slot, record, state, marker, token=self.token)
+    def complete(
+        self, slot: int | None, record: Fields, state: Fields, marker: Fields | None = None
+    ) -> None:
+        """Success: delete the lease and, in the same step, mark the slot done and record the run.
+
+        The marker always names the holder, the time and the token: acquire reads the first two,
+        and a retried complete whose first reply was lost recognises its own token.
+        """
+        full_marker = {
+            "holder": self.holder,
+            "finished_at": f"{clock.wall():.3f}",
+            **(marker or {}),
+            "token": self.token,
+        }
+        self._finish("complete", slot, record, state, full_marker, token=self.token)
 
     def release(self, record: Fields, state: Fields) -> None:
         """Failure: delete the lease, write no slot marker (the retry may run it), record the run."""

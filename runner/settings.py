@@ -110,6 +110,13 @@ def redact_url(url: str) -> str:
     return parts._replace(netloc=user + host).geturl()
 
 
+def _without_credentials(url: str) -> str:
+    parts = urlsplit(url)
+    if parts.username is None and parts.password is None:
+        return url
+    return parts._replace(netloc=parts.netloc.rpartition("@")[2]).geturl()
+
+
 class _Source:
     """Looks a setting up in the flags, then the environment, and remembers where it came from."""
 
@@ -211,7 +218,8 @@ def _redis(src: _Source) -> RedisSettings:
             "CRON_RUNNER_REDIS_CLUSTER and CRON_RUNNER_REDIS_SENTINELS exclude each other: set one"
         )
     return RedisSettings(
-        url=url,
+        # Credentials move to their own fields, so the URL is safe to show anywhere.
+        url=_without_credentials(url),
         username=username or (unquote(parts.username) if parts.username else None),
         password=password or (unquote(parts.password) if parts.password else None),
         tls_ca_file=tls["CA"][0],
@@ -254,14 +262,15 @@ def _lease(src: _Source) -> LeaseSettings:
         raise ConfigError(
             f"{holder_origin}={holder!r} is not valid: expected at most 253 characters, no spaces"
         )
-    retention_raw, retention_origin = src.get("SLOT_RETENTION")
     return LeaseSettings(
         ttl_s=ttl_s,
         prefix=prefix or LeaseSettings.prefix,
         scope=scope or LeaseSettings.scope,
         holder=holder or default_holder(),
         slot_retention_s=(
-            parse_duration(retention_raw, retention_origin) if retention_raw is not None else None
+            src.duration("SLOT_RETENTION", 0.0, minimum_s=60.0)
+            if src.get("SLOT_RETENTION")[0] is not None
+            else None
         ),
     )
 

@@ -172,7 +172,11 @@ def test_completed_slot_is_done_even_though_the_lease_is_free(r: redis.Redis) ->
         SLOT, {"outcome": "ran"}, {"last_success": "x"}, marker_for(first, 1_700_000_099.25)
     )
     assert not r.exists(KEYS.lease)
-    assert r.hgetall(KEYS.slot(SLOT)) == {"holder": "pod-a", "finished_at": "1700000099.250"}
+    assert r.hgetall(KEYS.slot(SLOT)) == {
+        "holder": "pod-a",
+        "finished_at": "1700000099.250",
+        "token": first.token,
+    }
     assert 0 < pttl_ms(r, KEYS.slot(SLOT)) <= 7_200_000
 
     late = lease_for(r, "pod-b")
@@ -411,3 +415,24 @@ def test_noscript_costs_one_eval_then_the_script_is_cached_again(
     assert conn.sent == ["EVALSHA", "EVAL", "EVALSHA", "EVALSHA", "EVAL"]
     assert lease_for(client, "pod-b").acquire(SLOT) == SlotDone("pod-a", 1_700_000_100.5)
     client.close()
+
+
+def test_marker_is_written_even_when_the_caller_gives_none(r: redis.Redis) -> None:
+    lease = lease_for(r, "pod-a")
+    assert lease.acquire(SLOT) == Acquired(fence=1)
+    lease.complete(SLOT, {}, {})
+    done = lease_for(r, "pod-b").acquire(SLOT)
+    assert isinstance(done, SlotDone)
+    assert done.holder == "pod-a"
+
+
+def test_complete_retried_after_a_lost_reply_succeeds_and_changes_nothing(r: redis.Redis) -> None:
+    lease = lease_for(r, "pod-a")
+    assert lease.acquire(SLOT) == Acquired(fence=1)
+    lease.complete(SLOT, {"outcome": "ran"}, {}, marker_for(lease))
+    before = {k: r.dump(k) for k in cast(list[str], r.keys("*"))}
+    lease.complete(SLOT, {"outcome": "ran"}, {}, marker_for(lease))  # the retry
+    assert {k: r.dump(k) for k in cast(list[str], r.keys("*"))} == before
+    # Another token is still refused.
+    with pytest.raises(LeaseNotOwned):
+        lease_for(r, "pod-b").complete(SLOT, {}, {})

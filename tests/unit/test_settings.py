@@ -1,0 +1,125 @@
+"""Settings parsing: flags, then CRON_RUNNER_* variables, then defaults; bad values name their source."""
+
+from __future__ import annotations
+
+import pytest
+
+from runner.errors import ConfigError
+from runner.settings import load_settings, parse_duration, redact_url
+
+
+@pytest.mark.parametrize(
+    ("text", "seconds"),
+    [("30", 30.0), ("30s", 30.0), ("1m", 60.0), ("500ms", 0.5), ("1h", 3600.0), (" 2.5s ", 2.5)],
+)
+def test_durations(text: str, seconds: float) -> None:
+    assert parse_duration(text, "X") == seconds
+
+
+@pytest.mark.parametrize("text", ["", "thirty", "30x", "-1s", "1m30s", "1e3", "s"])
+def test_bad_durations_name_the_origin_and_the_form(text: str) -> None:
+    with pytest.raises(ConfigError, match=r"CRON_RUNNER_LEASE_TTL=.*'30s', '1m', '500ms'"):
+        parse_duration(text, "CRON_RUNNER_LEASE_TTL")
+
+
+def test_defaults() -> None:
+    s = load_settings({})
+    assert s.redis.url == "redis://localhost:6379/0"
+    assert s.lease.ttl_s == 30.0
+    assert s.redis.connect_timeout_s == 10.0
+    assert s.slots.skew_tolerance_s == 30.0
+    assert s.run.shutdown_grace_s == 25.0
+    assert s.lease.scope == "default"
+    assert s.lease.prefix == "cron-runner"
+    assert ":" in s.lease.holder
+
+
+def test_flags_win_over_environment() -> None:
+    s = load_settings({"CRON_RUNNER_LEASE_TTL": "10s"}, {"LEASE_TTL": "5s"})
+    assert s.lease.ttl_s == 5.0
+    assert load_settings({"CRON_RUNNER_LEASE_TTL": "10s"}, {"LEASE_TTL": None}).lease.ttl_s == 10.0
+
+
+@pytest.mark.parametrize(
+    ("env", "flags", "message"),
+    [
+        ({"CRON_RUNNER_REDIS_URL": "http://x"}, {}, "CRON_RUNNER_REDIS_URL"),
+        ({"CRON_RUNNER_REDIS_URL": "redis://"}, {}, "has no host"),
+        ({"CRON_RUNNER_REDIS_URL": "redis://h:99999"}, {}, "bad port"),
+        ({"CRON_RUNNER_REDIS_URL": "redis://h/abc"}, {}, "bad database"),
+        ({}, {"REDIS_URL": "ftp://h"}, "--redis-url"),
+        ({"CRON_RUNNER_LEASE_TTL": "500ms"}, {}, "at least 1s"),
+        ({"CRON_RUNNER_SLOT_RETENTION": "0s"}, {}, "CRON_RUNNER_SLOT_RETENTION"),
+        ({"CRON_RUNNER_SLOT_RETENTION": "10s"}, {}, "at least 60s"),
+        ({"CRON_RUNNER_TIMEZONE": "Nowhere/City"}, {}, "IANA"),
+        ({"CRON_RUNNER_SCHEDULE": "* * *"}, {}, "CRON_RUNNER_SCHEDULE"),
+        ({}, {"SCHEDULE": "0 0 * * * *"}, "--schedule"),
+        (
+            {"CRON_RUNNER_SCHEDULE": "* * * * *", "CRON_RUNNER_SKEW_TOLERANCE": "30s"},
+            {},
+            "CRON_RUNNER_SKEW_TOLERANCE",
+        ),
+        ({"CRON_RUNNER_REDIS_CLUSTER": "maybe"}, {}, "true or false"),
+        ({"CRON_RUNNER_REDIS_SENTINELS": "host-without-port"}, {}, "host:port"),
+        ({"CRON_RUNNER_REDIS_MIN_REPLICAS": "-1"}, {}, "whole number"),
+        ({"CRON_RUNNER_MODE": "sometimes"}, {}, "run, enqueue"),
+        ({"CRON_RUNNER_LOG_FORMAT": "xml"}, {}, "json, text"),
+        ({"CRON_RUNNER_SCOPE": "a{b}"}, {}, "CRON_RUNNER_SCOPE"),
+        ({"CRON_RUNNER_KEY_PREFIX": "x{y"}, {}, "no braces"),
+        ({"CRON_RUNNER_HOLDER": "has space"}, {}, "CRON_RUNNER_HOLDER"),
+        ({"CRON_RUNNER_REDIS_TLS_CA_FILE": "/no/such/ca.pem"}, {}, "no such file"),
+        (
+            {"CRON_RUNNER_REDIS_CLUSTER": "true", "CRON_RUNNER_REDIS_SENTINELS": "a:1"},
+            {},
+            "exclude each other",
+        ),
+    ],
+)
+def test_bad_values_are_refused_naming_their_source(
+    env: dict[str, str], flags: dict[str, str | None], message: str
+) -> None:
+    with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        load_settings(env, flags)
+
+
+def test_every_minute_schedule_gets_a_tolerance_below_half_a_minute() -> None:
+    s = load_settings({"CRON_RUNNER_SCHEDULE": "* * * * *"})
+    assert s.slots.skew_tolerance_s == 29.0
+    assert load_settings({"CRON_RUNNER_SCHEDULE": "*/5 * * * *"}).slots.skew_tolerance_s == 30.0
+
+
+def test_password_from_env_wins_and_is_never_in_repr_or_display_url() -> None:
+    s = load_settings(
+        {"CRON_RUNNER_REDIS_URL": "redis://u:urlpw@h:6379/2", "CRON_RUNNER_REDIS_PASSWORD": "envpw"}
+    )
+    assert s.redis.password == "envpw"
+    assert s.redis.username == "u"
+    for text in (repr(s), s.redis.display_url):
+        assert "envpw" not in text
+        assert "urlpw" not in text
+    assert load_settings({"CRON_RUNNER_REDIS_URL": "redis://:p%40ss@h/0"}).redis.password == "p@ss"
+
+
+@pytest.mark.parametrize(
+    ("url", "shown"),
+    [
+        ("redis://h:6379/0", "redis://h:6379/0"),
+        ("redis://u:pw@h:6379/0", "redis://u:***@h:6379/0"),
+        ("rediss://:pw@h/1", "rediss://***@h/1"),
+    ],
+)
+def test_redact_url(url: str, shown: str) -> None:
+    assert redact_url(url) == shown
+
+
+def test_sentinels_and_modules_parse() -> None:
+    s = load_settings(
+        {
+            "CRON_RUNNER_REDIS_SENTINELS": "s1:26379, s2:26380",
+            "CRON_RUNNER_TASK_MODULES": "a.b, c",
+            "CRON_RUNNER_REDIS_MIN_REPLICAS": "1",
+        }
+    )
+    assert s.redis.sentinels == (("s1", 26379), ("s2", 26380))
+    assert s.run.task_modules == ("a.b", "c")
+    assert s.redis.min_replicas == 1
