@@ -8,8 +8,9 @@ from __future__ import annotations
 
 import importlib
 import logging
+import re
 import threading
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from importlib.metadata import entry_points
@@ -18,22 +19,89 @@ from typing import Any
 
 from runner.errors import Cancelled, ConfigError, UnknownTask
 from runner.keys import validate_name
+from runner.settings import parse_duration
 
 ENTRY_POINT_GROUP = "cron_runner.tasks"
 _MARK = "__cron_runner_task__"
+_QUEUE_MARK = "__cron_runner_queue__"
+# Dramatiq's rule for queue names; the default queue is the task's own name.
+QUEUE_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9._-]{0,62}\Z")
 
 TaskFn = Callable[["RunContext"], None]
+Duration = str | float | int
 
 
-def task(name: str) -> Callable[[TaskFn], TaskFn]:
-    """Register ``fn(ctx: RunContext) -> None`` under ``name``."""
+@dataclass(frozen=True)
+class QueueOptions:
+    """How queue mode sends and retries a task (CRON_RUNNER_MODE=enqueue, ``cron-runner worker``).
+
+    They live with the code because the CronJob that enqueues and the worker that runs
+    both import it. ``None`` means the worker's default (runner/queue.py).
+    """
+
+    queue: str | None = None
+    max_retries: int | None = None
+    min_backoff_s: float | None = None
+    max_backoff_s: float | None = None
+    time_limit_s: float | None = None
+
+
+def _seconds(what: str, value: Duration | None) -> float | None:
+    if value is None:
+        return None
+    seconds = parse_duration(value, what) if isinstance(value, str) else float(value)
+    if seconds <= 0:
+        raise ConfigError(f"{what}={value!r} must be positive")
+    return seconds
+
+
+def task(
+    name: str,
+    *,
+    queue: str | None = None,
+    retries: int | None = None,
+    min_backoff: Duration | None = None,
+    max_backoff: Duration | None = None,
+    time_limit: Duration | None = None,
+) -> Callable[[TaskFn], TaskFn]:
+    """Register ``fn(ctx: RunContext) -> None`` under ``name``.
+
+    The keyword options matter only in queue mode: the queue its messages go to (default:
+    the task name), how often a failed run is retried (``retries``) with exponential backoff
+    and jitter between ``min_backoff`` and ``max_backoff``, and the worker's ``time_limit``
+    for one run. Durations are seconds or strings such as ``'30s'``, ``'5m'``.
+    """
     validate_name("task name", name)
+    if queue is not None and not QUEUE_NAME_RE.match(queue):
+        raise ConfigError(
+            f"task {name!r}: queue={queue!r} is not valid: expected a letter or '_' first, "
+            "then letters, digits, '.', '_' or '-'"
+        )
+    if retries is not None and retries < 0:
+        raise ConfigError(f"task {name!r}: retries={retries!r} must be 0 or more")
+    options = QueueOptions(
+        queue=queue,
+        max_retries=retries,
+        min_backoff_s=_seconds(f"task {name!r}: min_backoff", min_backoff),
+        max_backoff_s=_seconds(f"task {name!r}: max_backoff", max_backoff),
+        time_limit_s=_seconds(f"task {name!r}: time_limit", time_limit),
+    )
+    low, high = options.min_backoff_s, options.max_backoff_s
+    if low is not None and high is not None and low > high:
+        raise ConfigError(f"task {name!r}: min_backoff is above max_backoff")
 
     def mark(fn: TaskFn) -> TaskFn:
         setattr(fn, _MARK, name)
+        setattr(fn, _QUEUE_MARK, options)
         return fn
 
     return mark
+
+
+def queue_options(fn: TaskFn) -> QueueOptions:
+    """The queue options given to ``@task``, or the defaults for an undecorated function."""
+    options = getattr(fn, _QUEUE_MARK, None)
+    return options if isinstance(options, QueueOptions) else QueueOptions()
 
 
 @dataclass
@@ -50,6 +118,8 @@ class RunContext:
     # sees its deadline even before the keeper thread has run.
     lease_valid: Callable[[], bool] = lambda: True
     cancel_reason: str = ""
+    # Queue mode: the JSON object the message carried (references, not big objects).
+    payload: Mapping[str, Any] = field(default_factory=dict)
 
     @property
     def slot_time(self) -> datetime | None:
