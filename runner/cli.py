@@ -15,6 +15,7 @@ from runner.errors import ConfigError, CronRunnerError
 from runner.settings import Settings, load_settings
 
 if TYPE_CHECKING:
+    from runner.execution import RunObserver
     from runner.targets import Target
 
 log = logging.getLogger("runner")
@@ -162,12 +163,33 @@ def _execute(settings: Settings, task_name: str, target: Target) -> int:
     from runner.execution import Execution, Shutdown  # noqa: PLC0415
 
     shutdown = Shutdown().install()
+    observer = run_observer(settings, task_name)
     client = store.connect(settings.redis, settings.lease.ttl_s)
     try:
-        result = Execution(settings, client, task_name, target, shutdown).run()
+        result = Execution(settings, client, task_name, target, shutdown, observer=observer).run()
     finally:
         client.close()
+        observer.close()
     return result.exit_code
+
+
+def run_observer(settings: Settings, task_name: str) -> RunObserver:
+    """Telemetry when an OTLP endpoint is set; otherwise nothing of OpenTelemetry is imported."""
+    from runner.execution import NullObserver  # noqa: PLC0415
+
+    if not settings.telemetry.enabled:
+        return NullObserver()
+    try:
+        from runner.telemetry import RunTelemetry  # noqa: PLC0415 - heavy, and optional
+    except ImportError as exc:
+        log.warning(
+            "telemetry: an OTLP endpoint is set but OpenTelemetry is not installed "
+            "(pip install 'cron-runner[telemetry]'); running without it: %s",
+            exc,
+            extra={"event": "telemetry_unavailable"},
+        )
+        return NullObserver()
+    return RunTelemetry(settings.telemetry, task_name, settings.lease.holder)
 
 
 def cmd_tasks(args: argparse.Namespace, settings: Settings) -> int:

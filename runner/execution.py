@@ -9,9 +9,10 @@ import logging
 import os
 import signal
 import time
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from types import FrameType
-from typing import Any
+from typing import Any, NoReturn, Protocol
 
 from redis.exceptions import RedisError
 
@@ -68,6 +69,47 @@ class RunResult:
     reason: str | None = None
 
 
+class RunObserver(Protocol):
+    """What a run tells an observer (telemetry) as it goes. Called on the run's own thread."""
+
+    def started(self, slot: int | None) -> None: ...
+
+    def phase(self, name: str) -> AbstractContextManager[object]:
+        """Around 'acquire', 'task', 'complete' and 'release'."""
+        ...
+
+    def acquired(self, fence: int) -> None: ...
+
+    def finished(
+        self, outcome: str, exit_code: int, *, renewals: int, failed_renewals: int
+    ) -> None: ...
+
+    def close(self) -> None:
+        """Deliver what was observed, within a bounded time."""
+        ...
+
+
+class NullObserver:
+    """The default: telemetry off."""
+
+    def started(self, slot: int | None) -> None:
+        pass
+
+    def phase(self, name: str) -> AbstractContextManager[object]:
+        return nullcontext()
+
+    def acquired(self, fence: int) -> None:
+        pass
+
+    def finished(
+        self, outcome: str, exit_code: int, *, renewals: int, failed_renewals: int
+    ) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
 def resolve_slot(settings: Settings, now_s: float) -> int | None:
     s = settings.slots
     if s.job_name:
@@ -97,6 +139,8 @@ class Execution:
         task_name: str,
         target: Target,
         shutdown: Shutdown,
+        *,
+        observer: RunObserver | None = None,
     ) -> None:
         self.settings = settings
         self.client = client
@@ -117,6 +161,8 @@ class Execution:
         self.started_mono = 0.0
         self.slot: int | None = None
         self.fence = 0
+        self.observer: RunObserver = observer or NullObserver()
+        self.keeper: Keeper | None = None
 
     # -- phases ---------------------------------------------------------------
 
@@ -124,6 +170,26 @@ class Execution:
         self.started_wall = clock.wall()
         self.started_mono = clock.monotonic()
         self.slot = resolve_slot(self.settings, self.started_wall)
+        self.observer.started(self.slot)
+        try:
+            result = self._run()
+        except Exception as exc:
+            code = getattr(exc, "exit_code", 1)
+            self._observe_end(UNAVAILABLE if code == 3 else FAILED, code)
+            raise
+        self._observe_end(result.outcome, result.exit_code)
+        return result
+
+    def _observe_end(self, outcome: str, code: int) -> None:
+        keeper = self.keeper
+        self.observer.finished(
+            outcome,
+            code,
+            renewals=keeper.renewals if keeper else 0,
+            failed_renewals=keeper.failed_renewals if keeper else 0,
+        )
+
+    def _run(self) -> RunResult:
         self.log.bind(slot=self.slot if self.slot is not None else "manual")
         job = self.settings.slots.job_name
         self.log.info(
@@ -143,7 +209,8 @@ class Execution:
             return self.lease.acquire(self.slot)
 
         try:
-            got = with_deadline(acquire, deadline_s=deadline, what="acquire", where=self.where)
+            with self.observer.phase("acquire"):
+                got = with_deadline(acquire, deadline_s=deadline, what="acquire", where=self.where)
         except StoreUnavailable as exc:
             return self._finish_log(RunResult(UNAVAILABLE, 3, reason=str(exc)))
 
@@ -169,9 +236,10 @@ class Execution:
 
         self.fence = got.fence
         self.log.bind(fence=got.fence)
+        self.observer.acquired(got.fence)
         self._wait_replicas()
         self.log.info("acquired", extra={"event": "acquired"})
-        keeper = Keeper(
+        self.keeper = keeper = Keeper(
             self.lease, ttl_s=self.settings.lease.ttl_s, confirmed_at=sent_at[0]
         ).start()
         return self._finish_log(self._run_task(keeper, got.fence))
@@ -190,6 +258,13 @@ class Execution:
             )
 
     def _run_task(self, keeper: Keeper, fence: int) -> RunResult:
+        # Current while the task starts, so a Python task's thread inherits it (targets.py).
+        with self.observer.phase("task"):
+            stop_reason = self._supervise(keeper, fence)
+        return self._settle(keeper, stop_reason)
+
+    def _supervise(self, keeper: Keeper, fence: int) -> str | None:
+        """Start the task and wait for it to stop; stop it on lease loss or shutdown."""
         ctx = RunContext(
             task=self.task_name,
             slot=self.slot,
@@ -224,14 +299,14 @@ class Execution:
                 )
             if kill_at is not None and now >= kill_at:
                 if not self.target.kill():
-                    return self._abandon(keeper, stop_reason or LEASE_LOST)
+                    self._abandon(keeper, stop_reason or LEASE_LOST)
                 self.log.warning("task killed", extra={"event": "killed"})
                 break
         if os.getpid() == 1:
             reap_orphans(None)
-        return self._settle(keeper, stop_reason)
+        return stop_reason
 
-    def _abandon(self, keeper: Keeper, stop_reason: str) -> RunResult:
+    def _abandon(self, keeper: Keeper, stop_reason: str) -> NoReturn:
         """A Python task ignored cancellation past its deadline: it cannot be killed in-process.
         Exit without releasing; the lease expires by its TTL, after this process is gone."""
         keeper.stop()
@@ -242,6 +317,8 @@ class Execution:
             extra={"event": "abandoned", "outcome": stop_reason, "exit_code": code},
         )
         self._safe_record(stop_reason, code, "task ignored cancellation")
+        self._observe_end(stop_reason, code)
+        self.observer.close()
         logging.shutdown()
         os._exit(code)
 
@@ -250,23 +327,27 @@ class Execution:
         code = self.target.exit_code()
         error = self.target.error()
         if stop_reason == LEASE_LOST or keeper.is_lost():
-            self._release_quietly(LEASE_LOST, 4, keeper.lost_reason)
+            with self.observer.phase("release"):
+                self._release_quietly(LEASE_LOST, 4, keeper.lost_reason)
             return RunResult(LEASE_LOST, 4, reason=keeper.lost_reason)
         if stop_reason == TERMINATED:
-            self._release(TERMINATED, 143, error)
+            with self.observer.phase("release"):
+                self._release(TERMINATED, 143, error)
             return RunResult(TERMINATED, 143, reason="terminated by signal")
         if code != 0:
-            self._release(FAILED, code, error)
+            with self.observer.phase("release"):
+                self._release(FAILED, code, error)
             return RunResult(FAILED, code, reason=error)
         try:
-            self._store(
-                lambda: self.lease.complete(
-                    self.slot,
-                    self._record(RAN, 0, None),
-                    self._state(RAN, 0),
-                    {"fence": self.fence},
+            with self.observer.phase("complete"):
+                self._store(
+                    lambda: self.lease.complete(
+                        self.slot,
+                        self._record(RAN, 0, None),
+                        self._state(RAN, 0),
+                        {"fence": self.fence},
+                    )
                 )
-            )
         except LeaseNotOwned as exc:
             return RunResult(LEASE_LOST, 4, reason=str(exc))
         self.log.info("released", extra={"event": "released"})

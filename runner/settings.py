@@ -91,12 +91,32 @@ class LogSettings:
 
 
 @dataclass(frozen=True)
+class TelemetrySettings:
+    """OpenTelemetry is on only when an OTLP endpoint is set; the SDK reads every other OTEL_*."""
+
+    traces: bool = False
+    metrics: bool = False
+    traces_protocol: str = "http/protobuf"
+    metrics_protocol: str = "http/protobuf"
+    # Our metrics are recorded when the run ends and exported then; a periodic export (for a
+    # long task's own metrics) happens only when OTEL_METRIC_EXPORT_INTERVAL asks for it.
+    periodic_metrics: bool = False
+    # Bounds the export at exit, so a dead collector never holds a pod past its grace period.
+    flush_timeout_s: float = 3.0
+
+    @property
+    def enabled(self) -> bool:
+        return self.traces or self.metrics
+
+
+@dataclass(frozen=True)
 class Settings:
     redis: RedisSettings = field(default_factory=RedisSettings)
     lease: LeaseSettings = field(default_factory=LeaseSettings)
     slots: SlotSettings = field(default_factory=SlotSettings)
     run: RunSettings = field(default_factory=RunSettings)
     log: LogSettings = field(default_factory=LogSettings)
+    telemetry: TelemetrySettings = field(default_factory=TelemetrySettings)
 
 
 def redact_url(url: str) -> str:
@@ -297,6 +317,29 @@ def _slots(src: _Source) -> SlotSettings:
     )
 
 
+def _telemetry(src: _Source) -> TelemetrySettings:
+    """On per signal when its endpoint (or the shared one) is set and its exporter is not 'none'."""
+
+    def otel(name: str) -> str:
+        return src.env.get(f"OTEL_{name}", "").strip()
+
+    flush_timeout_s = src.duration("TELEMETRY_FLUSH_TIMEOUT", TelemetrySettings.flush_timeout_s)
+    if otel("SDK_DISABLED").lower() == "true":
+        return TelemetrySettings(flush_timeout_s=flush_timeout_s)
+    shared = otel("EXPORTER_OTLP_ENDPOINT")
+    protocol = otel("EXPORTER_OTLP_PROTOCOL") or TelemetrySettings.traces_protocol
+    return TelemetrySettings(
+        traces=bool(shared or otel("EXPORTER_OTLP_TRACES_ENDPOINT"))
+        and otel("TRACES_EXPORTER").lower() != "none",
+        metrics=bool(shared or otel("EXPORTER_OTLP_METRICS_ENDPOINT"))
+        and otel("METRICS_EXPORTER").lower() != "none",
+        traces_protocol=otel("EXPORTER_OTLP_TRACES_PROTOCOL") or protocol,
+        metrics_protocol=otel("EXPORTER_OTLP_METRICS_PROTOCOL") or protocol,
+        periodic_metrics=bool(otel("METRIC_EXPORT_INTERVAL")),
+        flush_timeout_s=flush_timeout_s,
+    )
+
+
 def load_settings(
     env: Mapping[str, str], flags: Mapping[str, str | None] | None = None
 ) -> Settings:
@@ -317,6 +360,7 @@ def load_settings(
             format=src.choice("LOG_FORMAT", log_format_default, ("json", "text")),
             level=src.choice("LOG_LEVEL", "info", ("debug", "info", "warning", "error")).upper(),
         ),
+        telemetry=_telemetry(src),
     )
     if settings.slots.schedule is not None:
         settings = replace(settings, slots=_checked_schedule(src, settings.slots))

@@ -6,6 +6,7 @@ Both offer the same small interface to execution: start, poll, cancel (polite), 
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import logging
 import os
 import signal
@@ -50,8 +51,11 @@ class PythonTarget:
     def start(self, ctx: RunContext) -> None:
         self._ctx = ctx
         # Daemon: a task that ignores cancellation must not keep the process alive
-        # after the runner has decided to exit.
-        self._thread = threading.Thread(target=self._run, name="task", daemon=True)
+        # after the runner has decided to exit. The thread runs in a copy of the caller's
+        # context, so a span current around start() (telemetry's task span) is the task's parent.
+        self._thread = threading.Thread(
+            target=contextvars.copy_context().run, args=(self._run,), name="task", daemon=True
+        )
         self._thread.start()
 
     def _run(self) -> None:

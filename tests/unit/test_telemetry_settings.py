@@ -1,0 +1,43 @@
+"""Telemetry is on only when an OTLP endpoint is set, per signal (settings.TelemetrySettings)."""
+
+from __future__ import annotations
+
+import pytest
+
+from runner.errors import ConfigError
+from runner.settings import TelemetrySettings, load_settings
+
+EP = "http://collector:4318"
+
+
+@pytest.mark.parametrize(
+    ("env", "expected"),
+    [
+        ({}, TelemetrySettings()),
+        ({"OTEL_SERVICE_NAME": "x", "OTEL_EXPORTER_OTLP_PROTOCOL": "grpc"},
+         TelemetrySettings(traces_protocol="grpc", metrics_protocol="grpc")),
+        ({"OTEL_EXPORTER_OTLP_ENDPOINT": EP}, TelemetrySettings(traces=True, metrics=True)),
+        ({"OTEL_EXPORTER_OTLP_ENDPOINT": "  "}, TelemetrySettings()),
+        ({"OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": EP}, TelemetrySettings(traces=True)),
+        ({"OTEL_EXPORTER_OTLP_METRICS_ENDPOINT": EP}, TelemetrySettings(metrics=True)),
+        ({"OTEL_EXPORTER_OTLP_ENDPOINT": EP, "OTEL_METRICS_EXPORTER": "none"},
+         TelemetrySettings(traces=True)),
+        ({"OTEL_EXPORTER_OTLP_ENDPOINT": EP, "OTEL_TRACES_EXPORTER": "None"},
+         TelemetrySettings(metrics=True)),
+        ({"OTEL_EXPORTER_OTLP_ENDPOINT": EP, "OTEL_SDK_DISABLED": "true"}, TelemetrySettings()),
+        ({"OTEL_EXPORTER_OTLP_ENDPOINT": EP, "OTEL_EXPORTER_OTLP_PROTOCOL": "grpc",
+          "OTEL_EXPORTER_OTLP_METRICS_PROTOCOL": "http/protobuf"},
+         TelemetrySettings(traces=True, metrics=True, traces_protocol="grpc")),
+        ({"OTEL_EXPORTER_OTLP_ENDPOINT": EP, "OTEL_METRIC_EXPORT_INTERVAL": "5000"},
+         TelemetrySettings(traces=True, metrics=True, periodic_metrics=True)),
+        ({"CRON_RUNNER_TELEMETRY_FLUSH_TIMEOUT": "500ms"}, TelemetrySettings(flush_timeout_s=0.5)),
+    ],
+)  # fmt: skip
+def test_telemetry_settings(env: dict[str, str], expected: TelemetrySettings) -> None:
+    assert load_settings(env).telemetry == expected
+    assert load_settings(env).telemetry.enabled == (expected.traces or expected.metrics)
+
+
+def test_bad_flush_timeout_names_the_variable() -> None:
+    with pytest.raises(ConfigError, match="CRON_RUNNER_TELEMETRY_FLUSH_TIMEOUT"):
+        load_settings({"CRON_RUNNER_TELEMETRY_FLUSH_TIMEOUT": "soon"})
