@@ -85,10 +85,9 @@ def main(argv: list[str] | None = None) -> int:
     clients = dict(spec.split("=", 1) for spec in specs)
     names = list(clients)
 
-    rates: dict[str, dict[str, list[float]]] = {
-        n: {c: [] for c in CONTENDERS.split(",")} for n in names
-    }
-    ratios: dict[str, list[float]] = {n: [] for n in names}
+    # rates[client][regime][contender]: one figure per round; ratios[client][regime]: ours/raw
+    rates: dict[str, dict[str, dict[str, list[float]]]] = {}
+    ratios: dict[str, dict[str, list[float]]] = {}
     versions: dict[str, dict[str, Any]] = {}
     first_env: dict[str, Any] = {}
     with RedisServer() as server:
@@ -98,11 +97,17 @@ def main(argv: list[str] | None = None) -> int:
                 report = one_round(clients[name], server.url, args.cycles, args.warmup, round_no)
                 versions[name] = report["environment"]
                 first_env = first_env or report["environment"]
-                for contender, result in report["results"].items():
-                    rates[name][contender] += result["rates"]
-                ratios[name] += report["results"]["ours"]["ratios_to_raw"]
+                for regime, by_contender in report["speed"].items():
+                    for contender, speed in by_contender.items():
+                        rates.setdefault(name, {}).setdefault(regime, {}).setdefault(
+                            contender, []
+                        ).extend(speed["rates"])
+                    ratios.setdefault(name, {}).setdefault(regime, []).extend(
+                        by_contender["ours"]["ratios_to_raw"]
+                    )
 
     env = first_env
+    regimes = list(rates[names[0]])
     print(
         f"# {env['cpu']}, {env['cores']} cores; Python {env['python']}; Redis {env['redis_server']}"
     )
@@ -111,20 +116,24 @@ def main(argv: list[str] | None = None) -> int:
         f"{os.getloadavg()[0]:.2f} at end"
     )
     print(f"# {args.rounds} rounds x {args.cycles} cycles per contender, interleaved\n")
-    print(
-        "| client | redis-py | hiredis | PING us | raw cycles/s | ours cycles/s | ours x raw "
-        f"| raw vs {names[0]} |"
-    )
-    print("|---|---|---|---:|---:|---:|---:|---:|")
-    first_raw = statistics.median(rates[names[0]]["raw"])
-    for name in names:
-        raw = statistics.median(rates[name]["raw"])
+    for regime in regimes:
+        print(f"{regime}:\n")
         print(
-            f"| {name} | {versions[name]['redis_py']} | {versions[name]['hiredis']} "
-            f"| {1e6 / statistics.median(rates[name]['ping']):.0f} | {raw:.0f} "
-            f"| {statistics.median(rates[name]['ours']):.0f} "
-            f"| {statistics.median(ratios[name]):.2f} | {raw / first_raw:.2f} |"
+            "| client | redis-py | hiredis | PING us | raw cycles/s | ours cycles/s | ours x raw "
+            f"| raw vs {names[0]} |"
         )
+        print("|---|---|---|---:|---:|---:|---:|---:|")
+        first_raw = statistics.median(rates[names[0]][regime]["raw"])
+        for name in names:
+            by = rates[name][regime]
+            raw = statistics.median(by["raw"])
+            print(
+                f"| {name} | {versions[name]['redis_py']} | {versions[name]['hiredis']} "
+                f"| {1e6 / statistics.median(by['ping']):.0f} | {raw:.0f} "
+                f"| {statistics.median(by['ours']):.0f} "
+                f"| {statistics.median(ratios[name][regime]):.2f} | {raw / first_raw:.2f} |"
+            )
+        print()
     return 0
 
 

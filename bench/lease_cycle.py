@@ -16,6 +16,7 @@ Run: ``make bench`` or ``.venv/bin/python bench/lease_cycle.py --help``.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import cProfile
 import importlib.metadata
 import itertools
@@ -255,15 +256,38 @@ class Costs:
 
 
 @dataclass
-class Result:
-    name: str
+class Speed:
     rates: list[float] = field(default_factory=list)
     ratios_to_raw: list[float] = field(default_factory=list)
-    costs: Costs | None = None
 
-    @property
-    def median_rate(self) -> float:
-        return statistics.median(self.rates)
+
+class Pinned:
+    """The client and the Redis main thread on one core, so a round trip is two context
+    switches on that core and the CPU cost of a cycle decides its speed. Left to the
+    scheduler on this 2-vCPU VM, each hop may also wait for the other vCPU to wake (PING
+    then swings between ~20 and ~100 us from one second to the next)."""
+
+    def __init__(self, server_pid: int) -> None:
+        self.server_pid = server_pid
+        self.saved: dict[int, set[int]] = {}
+
+    def __enter__(self) -> Pinned:
+        core = {min(os.sched_getaffinity(0))}
+        for pid in (0, self.server_pid):
+            self.saved[pid] = os.sched_getaffinity(pid)
+            os.sched_setaffinity(pid, core)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for pid, cores in self.saved.items():
+            os.sched_setaffinity(pid, cores)
+
+
+REGIMES = ("pinned", "free")
+
+
+def regime(name: str, server_pid: int) -> contextlib.AbstractContextManager[object]:
+    return Pinned(server_pid) if name == "pinned" else contextlib.nullcontext()
 
 
 def rate_of(contender: Contender, cycles: int) -> float:
@@ -278,21 +302,26 @@ def rotated(names: list[str], by: int) -> list[str]:
     return names[by:] + names[:by]
 
 
-def measure_speed(client: redis.Redis, args: argparse.Namespace) -> dict[str, Result]:
+def measure_speed(
+    client: redis.Redis, args: argparse.Namespace, server_pid: int
+) -> dict[str, dict[str, Speed]]:
+    """Speeds by regime, then contender. Regimes and contenders both rotate per round."""
     names: list[str] = args.names
     contenders = {name: FACTORIES[name](client, f"speed-{RUN_ID}") for name in names}
     for contender in contenders.values():
         rate_of(contender, args.warmup)
-    results = {name: Result(name) for name in names}
+    speeds = {r: {name: Speed() for name in names} for r in args.regimes}
     for round_no in range(args.rounds):
-        rates: dict[str, float] = {}
-        for name in rotated(names, args.rotate_from + round_no):
-            rates[name] = rate_of(contenders[name], args.cycles)
-            results[name].rates.append(rates[name])
-        if "raw" in rates:
+        for regime_name in rotated(args.regimes, round_no):
+            rates: dict[str, float] = {}
+            with regime(regime_name, server_pid):
+                for name in rotated(names, args.rotate_from + round_no):
+                    rates[name] = rate_of(contenders[name], args.cycles)
             for name, rate in rates.items():
-                results[name].ratios_to_raw.append(rate / rates["raw"])
-    return results
+                speeds[regime_name][name].rates.append(rate)
+                if "raw" in rates:
+                    speeds[regime_name][name].ratios_to_raw.append(rate / rates["raw"])
+    return speeds
 
 
 def info(admin: redis.Redis, section: str) -> dict[str, Any]:
@@ -310,13 +339,26 @@ def command_calls(admin: redis.Redis) -> Counter[str]:
     return calls
 
 
+def server_pid(target: dict[str, Any]) -> int:
+    """The Redis main thread, to pin; only a Redis on this machine can be pinned."""
+    if target.get("host") not in ("127.0.0.1", "localhost", "::1"):
+        raise SystemExit("the benchmark pins Redis to a core: give a Redis on this machine")
+    admin = redis.Redis(connection_pool=ConnectionPool(**target))
+    pid = int(info(admin, "server")["process_id"])
+    close(admin)
+    return pid
+
+
 def server_cpu_s(admin: redis.Redis) -> float:
     cpu = info(admin, "cpu")
     return float(cpu["used_cpu_user"]) + float(cpu["used_cpu_sys"])
 
 
 def measure_costs(target: dict[str, Any], name: str, cycles: int, warmup: int) -> Costs:
-    """Counts on counting connections; CPU, separately, on plain ones (no counting overhead)."""
+    """Counts on counting connections; CPU, separately, on plain ones (no counting overhead).
+
+    Run pinned (see Pinned): unpinned, an idle VM also bills the waking of a vCPU as CPU time.
+    """
     counting_pool = ConnectionPool(connection_class=CountingConnection, **target)
     plain_pool = ConnectionPool(**target)
     counting = redis.Redis(connection_pool=counting_pool)
@@ -407,57 +449,68 @@ def fmt_count(value: float) -> str:
     return str(round(value)) if abs(value - round(value)) < 0.005 else f"{value:.2f}"
 
 
-def table(results: dict[str, Result]) -> Iterator[str]:
+def speed_cells(speed: Speed | None) -> list[str]:
+    if speed is None:
+        return ["-", "-"]
+    rate = statistics.median(speed.rates)
+    low, high = min(speed.rates), max(speed.rates)
+    ratio = f"{statistics.median(speed.ratios_to_raw):.2f}" if speed.ratios_to_raw else "-"
+    return [f"{rate:.0f} ({low:.0f}-{high:.0f})", ratio]
+
+
+def cost_cells(costs: Costs | None) -> list[str]:
+    if costs is None:
+        return ["-"] * 5
+    detail = ", ".join(f"{cmd} {fmt_count(n)}" for cmd, n in costs.server_by_command.items())
+    return [
+        fmt_count(costs.round_trips),
+        fmt_count(costs.client_commands),
+        f"{fmt_count(costs.server_commands)} ({detail})",
+        f"{costs.client_cpu_us:.0f}",
+        f"{costs.server_cpu_us:.0f}",
+    ]
+
+
+def table(
+    names: list[str], speeds: dict[str, dict[str, Speed]], costs: dict[str, Costs]
+) -> Iterator[str]:
+    heads = [f"{r}: median cycles/s (min-max) | {r}: x raw" for r in speeds]
     yield (
-        "| contender | median cycles/s | min-max cycles/s | x raw | client round trips"
-        " | client commands | server commands (incl. script-internal)"
-        " | client CPU us | server CPU us |"
+        "| contender | " + " | ".join(heads) + " | client round trips | client commands"
+        " | server commands (incl. script-internal) | client CPU us | server CPU us |"
     )
-    yield "|---|---:|---:|---:|---:|---:|---|---:|---:|"
-    for name, result in results.items():
+    yield "|---|" + "---:|---:|" * len(speeds) + "---:|---:|---|---:|---:|"
+    for name in names:
         if name == "ping":
             continue
-        ratio = f"{statistics.median(result.ratios_to_raw):.2f}" if result.ratios_to_raw else "-"
-        costs = result.costs
-        if costs is None:
-            cells = ["-"] * 5
-        else:
-            detail = ", ".join(
-                f"{cmd} {fmt_count(n)}" for cmd, n in costs.server_by_command.items()
-            )
-            cells = [
-                fmt_count(costs.round_trips),
-                fmt_count(costs.client_commands),
-                f"{fmt_count(costs.server_commands)} ({detail})",
-                f"{costs.client_cpu_us:.0f}",
-                f"{costs.server_cpu_us:.0f}",
-            ]
-        low, high = min(result.rates), max(result.rates)
-        yield (
-            f"| {name} | {result.median_rate:.0f} | {low:.0f}-{high:.0f} | {ratio} | "
-            + " | ".join(cells)
-            + " |"
-        )
+        cells = [c for r in speeds for c in speed_cells(speeds[r].get(name))]
+        cells += cost_cells(costs.get(name))
+        yield f"| {name} | " + " | ".join(cells) + " |"
 
 
-def check_targets(results: dict[str, Result]) -> tuple[list[str], bool, bool]:
-    """Lines of PASS/MISS, whether every count target holds, whether the speed target holds."""
+def check_targets(
+    speeds: dict[str, dict[str, Speed]], costs: dict[str, Costs]
+) -> tuple[list[str], bool, bool]:
+    """Lines of PASS/MISS, whether every count target holds, whether every speed target holds."""
     lines: list[str] = []
     counts_ok = True
     speed_ok = True
     wanted_round_trips = {"ours": 2, "ours-skip-held": 1, "ours-skip-done": 1}
     for name, wanted in wanted_round_trips.items():
-        costs = results[name].costs if name in results else None
-        if costs is None:
+        if name not in costs:
             continue
-        ok = costs.round_trips == wanted
+        round_trips = costs[name].round_trips
+        ok = round_trips == wanted
         counts_ok &= ok
         verdict = "PASS" if ok else "MISS"
-        lines.append(f"{verdict} {name}: {fmt_count(costs.round_trips)} round trips, want {wanted}")
-    if "ours" in results and results["ours"].ratios_to_raw:
-        ratio = statistics.median(results["ours"].ratios_to_raw)
-        speed_ok = ratio >= 0.95
-        lines.append(f"{'PASS' if speed_ok else 'MISS'} ours: {ratio:.2f}x raw, want >= 0.95x")
+        lines.append(f"{verdict} {name}: {fmt_count(round_trips)} round trips, want {wanted}")
+    for regime_name, by_name in speeds.items():
+        if "ours" in by_name and by_name["ours"].ratios_to_raw:
+            ratio = statistics.median(by_name["ours"].ratios_to_raw)
+            ok = ratio >= 0.95
+            speed_ok &= ok
+            verdict = "PASS" if ok else "MISS"
+            lines.append(f"{verdict} ours ({regime_name}): {ratio:.2f}x raw, want >= 0.95x")
     return lines, counts_ok, speed_ok
 
 
@@ -473,6 +526,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--only", default=",".join(ALL), help=f"comma-separated subset of {','.join(ALL)}"
     )
     parser.add_argument("--skip-counts", action="store_true", help="time only; no counting pass")
+    parser.add_argument(
+        "--regimes",
+        default=",".join(REGIMES),
+        help="pinned: client and Redis on one core (CPU cost decides); free: as the scheduler "
+        "places them (a round trip may also wait for a vCPU to wake, like a short network hop)",
+    )
     parser.add_argument(
         "--rotate-from", type=int, default=0, help="where the first round's rotation starts"
     )
@@ -492,6 +551,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     args = parser.parse_args(argv)
     args.names = [n for n in args.only.split(",") if n]
+    args.regimes = [r for r in args.regimes.split(",") if r]
+    if not args.regimes or set(args.regimes) - set(REGIMES):
+        parser.error(f"--regimes takes a comma-separated subset of {','.join(REGIMES)}")
     unknown = {*args.names, *([args.profile] if args.profile else [])} - set(ALL)
     if unknown:
         parser.error(f"unknown contenders {sorted(unknown)}; choose from {','.join(ALL)}")
@@ -503,22 +565,28 @@ def run(args: argparse.Namespace, url: str) -> int:
     pool = ConnectionPool.from_url(url)  # type: ignore[no-untyped-call]
     target = {**pool.connection_kwargs, "decode_responses": True}
     if args.profile:
-        profile(target, args.profile, args.count_cycles, args.warmup)
+        with Pinned(server_pid(target)):
+            profile(target, args.profile, args.count_cycles, args.warmup)
         return 0
     admin = redis.Redis(connection_pool=ConnectionPool(**target))
     env = environment(admin)
     close(admin)
     client = redis.Redis(connection_pool=ConnectionPool(**target))
-    results = measure_speed(client, args)
+    speeds = measure_speed(client, args, server_pid(target))
     close(client)
+    costs: dict[str, Costs] = {}
     if not args.skip_counts:
-        for name in args.names:
-            results[name].costs = measure_costs(target, name, args.count_cycles, args.warmup)
-    lines, counts_ok, speed_ok = check_targets(results)
+        with Pinned(server_pid(target)):
+            for name in args.names:
+                costs[name] = measure_costs(target, name, args.count_cycles, args.warmup)
+    lines, counts_ok, speed_ok = check_targets(speeds, costs)
     report = {
         "environment": env,
-        "settings": {k: getattr(args, k) for k in ("rounds", "cycles", "warmup", "count_cycles")},
-        "results": {name: asdict(r) for name, r in results.items()},
+        "settings": {
+            k: getattr(args, k) for k in ("rounds", "cycles", "warmup", "count_cycles", "regimes")
+        },
+        "speed": {r: {n: asdict(s) for n, s in by_name.items()} for r, by_name in speeds.items()},
+        "costs": {name: asdict(c) for name, c in costs.items()},
         "targets": lines,
     }
     if args.json == "-":
@@ -535,11 +603,18 @@ def run(args: argparse.Namespace, url: str) -> int:
         f"# load average (1 min) {env['load_average_1m']:.2f} at start, "
         f"{os.getloadavg()[0]:.2f} at end: above ~0.5 other work shares these cores"
     )
-    print(f"# {args.rounds} rounds x {args.cycles} cycles, interleaved, rotating order\n")
-    if "ping" in results:
-        ping = results["ping"]
-        print(f"PING: {1e6 / ping.median_rate:.0f} us median round trip\n")
-    for line in table(results):
+    print(
+        f"# {args.rounds} rounds x {args.cycles} cycles, interleaved, rotating order; "
+        f"regimes: {', '.join(args.regimes)}\n"
+    )
+    pings = [
+        f"{r} {1e6 / statistics.median(by_name['ping'].rates):.0f} us"
+        for r, by_name in speeds.items()
+        if "ping" in by_name
+    ]
+    if pings:
+        print(f"PING (median round trip): {', '.join(pings)}\n")
+    for line in table(args.names, speeds, costs):
         print(line)
     print()
     for line in lines:
