@@ -52,9 +52,13 @@ def _common_kwargs(settings: RedisSettings, ttl_s: float) -> dict[str, Any]:
     return kwargs
 
 
-def connect(settings: RedisSettings, ttl_s: float) -> Any:
-    """A client for the configured shape. No I/O happens here: the first command connects."""
+def connect(settings: RedisSettings, ttl_s: float, *, decode_responses: bool = True) -> Any:
+    """A client for the configured shape. No I/O happens here: the first command connects.
+
+    ``decode_responses=False`` is for Dramatiq (queue mode), which decodes its own bytes.
+    """
     kwargs = _common_kwargs(settings, ttl_s)
+    kwargs["decode_responses"] = decode_responses
     if settings.cluster:
         from redis.cluster import RedisCluster  # noqa: PLC0415 - only for Cluster users
 
