@@ -58,6 +58,7 @@ SETTING_FLAGS = {
     "SCOPE": "key scope (the namespace in a cluster)",
     "LOG_FORMAT": "json or text",
     "LOG_LEVEL": "debug, info, warning or error",
+    "MODE": "run (run the task here) or enqueue (send one message per slot to the workers)",
 }
 RUN_FLAGS = ("LEASE_TTL", "CONNECT_TIMEOUT", "SCHEDULE", "TIMEZONE", "SKEW_TOLERANCE",
              "SHUTDOWN_GRACE", "HOLDER")  # fmt: skip
@@ -109,7 +110,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "task", metavar="TASK", help="a registered task name, or package.module:function"
     )
-    _add_setting_flags(p, (*RUN_FLAGS, *COMMON_FLAGS))
+    _add_setting_flags(p, (*RUN_FLAGS, "MODE", *COMMON_FLAGS))
     p.set_defaults(handler=cmd_run)
 
     p = sub.add_parser(
@@ -132,6 +133,9 @@ def build_parser() -> argparse.ArgumentParser:
     from runner import ops  # noqa: PLC0415 - ops adds its own subcommands
 
     ops.add_commands(sub, lambda p, names: _add_setting_flags(p, (*names, *COMMON_FLAGS)))
+    from runner import queue_cli  # noqa: PLC0415 - worker and dlq; Dramatiq only in handlers
+
+    queue_cli.add_commands(sub, lambda p, names: _add_setting_flags(p, (*names, *COMMON_FLAGS)))
     return parser
 
 
@@ -140,6 +144,10 @@ def cmd_run(args: argparse.Namespace, settings: Settings) -> int:
     from runner.tasks import Registry  # noqa: PLC0415
 
     spec = Registry.discover(settings.run.task_modules).resolve(args.task)
+    if settings.run.mode == "enqueue":
+        from runner.queue_cli import enqueue_target  # noqa: PLC0415 - queue mode only
+
+        return _execute(settings, spec.name, enqueue_target(settings, spec))
     return _execute(settings, spec.name, PythonTarget(spec.fn))
 
 
@@ -155,6 +163,11 @@ def cmd_exec(args: argparse.Namespace, settings: Settings) -> int:
             "exec: no command given: expected cron-runner exec --name NAME -- CMD ARGS..."
         )
     validate_name("--name", args.name)
+    if settings.run.mode == "enqueue":
+        raise ConfigError(
+            "exec: CRON_RUNNER_MODE=enqueue needs a registered task (cron-runner run TASK): "
+            "workers run registered tasks, not commands"
+        )
     return _execute(settings, args.name, CommandTarget(argv))
 
 

@@ -23,7 +23,7 @@ from runner.keys import TaskKeys
 from runner.lease import Acquired, Held, Lease, SlotDone, new_token
 from runner.logs import RunLogger, run_logger
 from runner.settings import Settings
-from runner.store import with_deadline
+from runner.store import replicas_acknowledged, with_deadline
 from runner.targets import CommandTarget, Target, reap_orphans
 from runner.tasks import RunContext
 
@@ -32,6 +32,7 @@ ONE_HOUR_S = 3600.0
 
 # Outcomes, as recorded in the run stream and counted by telemetry.
 RAN = "ran"
+ENQUEUED = "enqueued"  # queue mode: the slot's message was sent; a worker runs it
 SKIPPED_HELD = "skipped_held"
 SKIPPED_DONE = "skipped_done"
 FAILED = "failed"
@@ -249,13 +250,18 @@ class Execution:
         if wanted <= 0:
             return
         timeout_ms = int(min(self.settings.lease.ttl_s / 3, 5.0) * 1000)
-        acked = int(self.client.wait(wanted, timeout_ms))
+        try:
+            acked = replicas_acknowledged(self.client, self.keys.lease, wanted, timeout_ms)
+        except RedisError as exc:
+            acked = 0
+            self.log.warning(f"WAIT failed: {exc}", extra={"event": "wait_failed"})
         if acked < wanted:
-            self.lease.release(self._record(FAILED, 3, None), {})
-            raise StoreUnavailable(
+            reason = (
                 f"only {acked} of {wanted} replicas acknowledged the lease within {timeout_ms} ms; "
                 "released it without running (CRON_RUNNER_REDIS_MIN_REPLICAS)"
             )
+            self._release(UNAVAILABLE, 3, reason)
+            raise StoreUnavailable(reason)
 
     def _run_task(self, keeper: Keeper, fence: int) -> RunResult:
         # Current while the task starts, so a Python task's thread inherits it (targets.py).
@@ -338,20 +344,21 @@ class Execution:
             with self.observer.phase("release"):
                 self._release(FAILED, code, error)
             return RunResult(FAILED, code, reason=error)
+        done = getattr(self.target, "outcome", RAN)
         try:
             with self.observer.phase("complete"):
                 self._store(
                     lambda: self.lease.complete(
                         self.slot,
-                        self._record(RAN, 0, None),
-                        self._state(RAN, 0),
+                        self._record(done, 0, None),
+                        self._state(done, 0),
                         {"fence": self.fence},
                     )
                 )
         except LeaseNotOwned as exc:
             return RunResult(LEASE_LOST, 4, reason=str(exc))
         self.log.info("released", extra={"event": "released"})
-        return RunResult(RAN, 0)
+        return RunResult(done, 0)
 
     # -- Redis writes at the end of a run ----------------------------------------
 
@@ -424,12 +431,13 @@ class Execution:
         if self.settings.slots.schedule:
             state["schedule"] = self.settings.slots.schedule
             state["timezone"] = self.settings.slots.timezone
-        prefix = "last_success" if outcome == RAN else "last_failure"
+        # An enqueue is not the task's success: the worker records that when the job runs.
+        prefix = {RAN: "last_success", ENQUEUED: "last_enqueued"}.get(outcome, "last_failure")
         state[f"{prefix}_at"] = now
         state[f"{prefix}_duration_ms"] = self._duration_ms()
         if self.slot is not None:
             state[f"{prefix}_slot"] = self.slot
-        if outcome != RAN:
+        if outcome not in (RAN, ENQUEUED):
             state["last_failure_outcome"] = outcome
             state["last_failure_exit_code"] = code
         return state

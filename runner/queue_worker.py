@@ -1,0 +1,468 @@
+"""``cron-runner worker``: a Dramatiq worker whose actors are the registered tasks.
+
+Imported only by the worker command: it imports Dramatiq at the top.
+
+Each task becomes an actor named after it, on its queue (``@task(queue=...)``, default its
+name), with its retry and time-limit options. A message runs the task with a ``RunContext``
+like a run's: the slot and fencing token taken when the CronJob enqueued it, the worker's id
+as holder, the message's payload. Dramatiq does the rest: exponential backoff with jitter
+between retries, the dead-letter queue after the last one, re-delivery of a dead worker's
+messages once its heartbeat is older than the heartbeat timeout.
+
+Graceful stop. SIGTERM stops fetching; running jobs may finish within the shutdown grace
+(``CRON_RUNNER_SHUTDOWN_GRACE``, kept below the pod's terminationGracePeriodSeconds). Near its
+end (the last fifth, at most 5 s) their contexts are cancelled, so ``ctx.check()`` raises and
+a task that stops that way is put back on its queue, its retry budget untouched. A job still
+running when the grace is up is put back too, and the process exits. Nothing is lost; a job
+cut off mid-way runs again (at least once).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import multiprocessing
+import multiprocessing.connection
+import os
+import signal
+import threading
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from types import FrameType
+from typing import Any
+
+import dramatiq
+from dramatiq.broker import Broker, MessageProxy
+from dramatiq.brokers.redis import RedisBroker
+from dramatiq.middleware import Middleware, Retries, TimeLimit
+from redis.exceptions import RedisError
+
+from runner import clock, store
+from runner.errors import Cancelled, ConfigError
+from runner.keys import TaskKeys
+from runner.lease import Lease
+from runner.logs import RunLogger, run_logger
+from runner.queue import (
+    DEFAULT_MAX_BACKOFF_S,
+    DEFAULT_MIN_BACKOFF_S,
+    DEFAULT_RETRIES,
+    QueueSettings,
+    make_broker,
+    queue_of,
+)
+from runner.settings import Settings
+from runner.tasks import Registry, RunContext, TaskSpec, queue_options
+
+log = logging.getLogger("runner.worker")
+
+RAN = "ran"
+FAILED = "failed"
+REQUEUED = "requeued"
+_STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+
+
+def cancel_after_s(grace_s: float) -> float:
+    """When, after SIGTERM, running jobs are asked to stop: late in the grace, leaving the
+    last fifth (at most 5 s) for them to unwind and be put back."""
+    return grace_s - min(5.0, grace_s / 5)
+
+
+@dataclass(frozen=True)
+class _Run:
+    ctx: RunContext
+    logger: RunLogger
+    message_id: str
+    started_wall: float
+    started_mono: float
+
+
+@dataclass
+class _Running:
+    message: MessageProxy
+    ctx: RunContext | None = None
+
+
+class Runtime(Middleware):
+    """Knows which message each worker thread runs, so that shutdown can cancel its context
+    and put back what did not finish; logs retries and dead letters."""
+
+    def __init__(self, worker_id: str) -> None:
+        self.worker_id = worker_id
+        self.running: dict[int, _Running] = {}
+        self.lock = threading.Lock()
+        self.stopping = threading.Event()
+        self.requeued = 0
+
+    # Dramatiq's hooks, on the worker threads.
+    def before_process_message(self, broker: Broker, message: MessageProxy) -> None:
+        with self.lock:
+            self.running[threading.get_ident()] = _Running(message)
+
+    def after_process_message(
+        self,
+        broker: Broker,
+        message: MessageProxy,
+        *,
+        result: Any = None,
+        exception: BaseException | None = None,
+    ) -> None:
+        with self.lock:
+            self.running.pop(threading.get_ident(), None)
+
+    after_skip_message = after_process_message
+
+    def before_enqueue(self, broker: Broker, message: Any, delay: int | None) -> None:
+        if delay is not None and "retries" in message.options:
+            log.info(
+                f"retry {message.options['retries']} of {message.actor_name} in {delay} ms",
+                extra={"event": "retry_scheduled", "task": message.actor_name,
+                       "message_id": message.message_id, "attempt": message.options["retries"],
+                       "delay_ms": delay, "queue": message.queue_name, "holder": self.worker_id},
+            )  # fmt: skip
+
+    def before_nack(self, broker: Broker, message: MessageProxy) -> None:
+        log.error(
+            f"{message.actor_name}: retries exhausted; moved to the dead-letter queue "
+            f"(cron-runner dlq list {message.actor_name})",
+            extra={"event": "dead_lettered", "task": message.actor_name,
+                   "message_id": message.message_id, "attempt": message.options.get("retries", 0),
+                   "queue": message.queue_name, "holder": self.worker_id},
+        )  # fmt: skip
+
+    def after_worker_shutdown(self, broker: Broker, worker: dramatiq.Worker) -> None:
+        """Whatever still runs after the grace goes back to its queue before the process exits."""
+        with self.lock:
+            left = list(self.running.values())
+            self.running.clear()
+        for item in left:
+            message = item.message
+            try:
+                broker.do_requeue(message.queue_name, message.options["redis_message_id"])  # type: ignore[attr-defined]
+            except RedisError as exc:
+                log.error(
+                    f"could not put back {message.message_id}; it is re-delivered once this "
+                    f"worker's heartbeat expires: {exc}",
+                    extra={"event": "requeue_failed", "message_id": message.message_id},
+                )
+                continue
+            self.requeued += 1
+            log.warning(
+                f"{message.actor_name}: still running at the end of the shutdown grace; put "
+                "back on its queue",
+                extra={"event": "requeued", "task": message.actor_name,
+                       "message_id": message.message_id, "holder": self.worker_id},
+            )  # fmt: skip
+
+    # Ours.
+    def attach(self, ctx: RunContext) -> MessageProxy | None:
+        with self.lock:
+            item = self.running.get(threading.get_ident())
+            if item is None:
+                return None
+            item.ctx = ctx
+            message = item.message
+        if self.stopping.is_set():
+            ctx.cancel("worker shutting down")
+        return message
+
+    def cancel_all(self, reason: str) -> None:
+        self.stopping.set()
+        with self.lock:
+            contexts = [i.ctx for i in self.running.values() if i.ctx is not None]
+        for ctx in contexts:
+            ctx.cancel(reason)
+
+
+class Actors:
+    """Builds one actor per registered task and runs a message as a task run."""
+
+    def __init__(
+        self, settings: Settings, broker: RedisBroker, runtime: Runtime, record_client: Any
+    ) -> None:
+        self.settings = settings
+        self.broker = broker
+        self.runtime = runtime
+        self.record_client = record_client
+
+    def declare(self, spec: TaskSpec) -> str:
+        opts = queue_options(spec.fn)
+        queue = queue_of(spec)
+        options: dict[str, Any] = {}
+        if opts.max_retries is not None:
+            options["max_retries"] = opts.max_retries
+        if opts.min_backoff_s is not None:
+            options["min_backoff"] = int(opts.min_backoff_s * 1000)
+        if opts.max_backoff_s is not None:
+            options["max_backoff"] = int(opts.max_backoff_s * 1000)
+        if opts.time_limit_s is not None:
+            options["time_limit"] = int(opts.time_limit_s * 1000)
+        dramatiq.Actor(
+            self._runner(spec),
+            broker=self.broker,
+            actor_name=spec.name,
+            queue_name=queue,
+            priority=0,
+            options=options,
+        )
+        return queue
+
+    def _runner(self, spec: TaskSpec) -> Callable[..., None]:
+        def run(
+            slot: int | None = None,
+            fence: int = 0,
+            payload: dict[str, Any] | None = None,
+            **_unknown: Any,
+        ) -> None:
+            self._run(spec, slot, fence, payload or {})
+
+        run.__name__ = run.__qualname__ = spec.fn.__name__
+        run.__module__ = spec.fn.__module__
+        return run
+
+    def _run(self, spec: TaskSpec, slot: int | None, fence: int, payload: dict[str, Any]) -> None:
+        holder = self.runtime.worker_id
+        logger = run_logger(spec.name, holder)
+        logger.bind(slot=slot if slot is not None else "manual", fence=fence)
+        ctx = RunContext(
+            task=spec.name, slot=slot, fencing_token=fence, holder=holder, logger=logger,
+            payload=payload,
+        )  # fmt: skip
+        message = self.runtime.attach(ctx)
+        attempt = int(message.options.get("retries", 0)) if message is not None else 0
+        message_id = message.message_id if message is not None else ""
+        logger.bind(message_id=message_id, attempt=attempt)
+        run = _Run(ctx, logger, message_id, clock.wall(), clock.monotonic())
+        logger.debug("start", extra={"event": "start"})
+        try:
+            spec.fn(ctx)
+        except Cancelled:
+            if not self.runtime.stopping.is_set() or message is None:
+                self._finish(run, FAILED, "cancelled")
+                raise
+            # Stopped for the shutdown: a copy goes back with the same retry count, then this
+            # one is acknowledged. A crash in between runs it twice, never zero times.
+            self.broker.enqueue(message._message.copy())
+            self.runtime.requeued += 1
+            self._finish(run, REQUEUED, None)
+            return
+        except BaseException as exc:
+            self._finish(run, FAILED, f"{type(exc).__name__}: {exc}")
+            raise
+        self._finish(run, RAN, None)
+
+    def _finish(self, run: _Run, outcome: str, error: str | None) -> None:
+        logger = run.logger
+        duration_ms = int((clock.monotonic() - run.started_mono) * 1000)
+        code = 1 if outcome == FAILED else 0
+        level = logging.WARNING if outcome != RAN else logging.INFO
+        logger.log(
+            level,
+            f"finished: {outcome}" + (f" ({error})" if error else ""),
+            extra={"event": "finished", "outcome": outcome, "exit_code": code,
+                   "duration_ms": duration_ms},
+        )  # fmt: skip
+        if outcome == REQUEUED:
+            return
+        self._record(run, outcome, code, duration_ms, error)
+
+    def _record(
+        self, run: _Run, outcome: str, code: int, duration_ms: int, error: str | None
+    ) -> None:
+        """The same run stream and state hash a run writes, so history, status and the
+        watchdog see what the workers did."""
+        ctx, logger = run.ctx, run.logger
+        lease_settings = self.settings.lease
+        keys = TaskKeys(lease_settings.prefix, lease_settings.scope, ctx.task)
+        record: dict[str, str | int | float] = {
+            "slot": "" if ctx.slot is None else ctx.slot,
+            "holder": ctx.holder,
+            "fence": ctx.fencing_token,
+            "outcome": outcome,
+            "exit_code": code,
+            "started_at": f"{run.started_wall:.3f}",
+            "duration_ms": duration_ms,
+            "message_id": run.message_id,
+        }
+        if error:
+            record["error"] = error[:500]
+        now = f"{clock.wall():.3f}"
+        state: dict[str, str | int | float] = {
+            "last_run_at": now,
+            "last_outcome": outcome,
+            "last_fence": ctx.fencing_token,
+            "last_holder": ctx.holder,
+        }
+        prefix = "last_success" if outcome == RAN else "last_failure"
+        state[f"{prefix}_at"] = now
+        state[f"{prefix}_duration_ms"] = duration_ms
+        if ctx.slot is not None:
+            state["last_slot"] = ctx.slot
+            state[f"{prefix}_slot"] = ctx.slot
+        if outcome != RAN:
+            state["last_failure_outcome"] = outcome
+            state["last_failure_exit_code"] = code
+        try:
+            Lease(self.record_client, keys, "", ttl_ms=1000).record(record, state)
+        except RedisError as exc:
+            logger.warning(f"could not record the run: {exc}", extra={"event": "record_failed"})
+
+
+class _StopFlag:
+    """SIGTERM/SIGINT set an event; the stopping happens in ordinary code."""
+
+    def __init__(self) -> None:
+        self.event = threading.Event()
+        self.signum: int | None = None
+
+    def _handle(self, signum: int, _frame: FrameType | None) -> None:
+        self.signum = self.signum or signum
+        self.event.set()
+
+    def install(self) -> _StopFlag:
+        for sig in _STOP_SIGNALS:
+            signal.signal(sig, self._handle)
+        return self
+
+
+def build(
+    settings: Settings, qs: QueueSettings, registry: Registry, worker_id: str
+) -> tuple[RedisBroker, Runtime, set[str], Any]:
+    """The broker with the actors of every registered task, and the queues to consume."""
+    specs = registry.specs()
+    if not specs:
+        raise ConfigError(
+            "worker: no tasks registered: set CRON_RUNNER_TASK_MODULES or install a package with "
+            "a cron_runner.tasks entry point"
+        )
+    client = store.connect(settings.redis, settings.lease.ttl_s, decode_responses=False)
+    record_client = store.connect(settings.redis, settings.lease.ttl_s)
+    runtime = Runtime(worker_id)
+    retries = Retries(
+        max_retries=DEFAULT_RETRIES,
+        min_backoff=int(DEFAULT_MIN_BACKOFF_S * 1000),
+        max_backoff=int(DEFAULT_MAX_BACKOFF_S * 1000),
+    )
+    # No time limit unless a task sets one: a scheduled job's length is its own business.
+    middleware = [runtime, TimeLimit(time_limit=float("inf")), retries]
+    broker = make_broker(client, qs, middleware)
+    actors = Actors(settings, broker, runtime, record_client)
+    queues = {actors.declare(spec) for spec in specs}
+    for queue in qs.queues:
+        broker.declare_queue(queue)
+    return broker, runtime, set(qs.queues) or queues, record_client
+
+
+def serve(
+    settings: Settings,
+    qs: QueueSettings,
+    registry: Registry,
+    *,
+    worker_id: str,
+    stop: _StopFlag | None = None,
+) -> int:
+    """One worker process until SIGTERM. 0 after a clean stop, 143 if jobs had to be put back."""
+    stop = stop or _StopFlag().install()
+    broker, runtime, queues, record_client = build(settings, qs, registry, worker_id)
+    deadline = clock.monotonic() + settings.redis.connect_timeout_s
+    store.with_deadline(
+        broker.client.ping, deadline_s=deadline, what="worker", where=settings.redis.display_url
+    )
+    broker.emit_after("process_boot")
+    worker = dramatiq.Worker(
+        broker,
+        queues=queues,
+        worker_threads=qs.threads,
+        worker_timeout=max(1, int(qs.poll_interval_s * 1000)),
+    )
+    worker.start()
+    log.info(
+        f"worker ready: queues {', '.join(sorted(queues))}; {qs.threads} threads",
+        extra={"event": "worker_ready", "holder": worker_id, "pid": os.getpid()},
+    )
+    stop.event.wait()
+    grace_s = settings.run.shutdown_grace_s
+    log.info(
+        f"stopping: running jobs get {grace_s:g}s to finish",
+        extra={"event": "stopping", "holder": worker_id},
+    )
+    timer = threading.Timer(
+        cancel_after_s(grace_s), runtime.cancel_all, args=("worker shutting down",)
+    )
+    timer.daemon = True
+    timer.start()
+    worker.stop(timeout=int(grace_s * 1000))
+    timer.cancel()
+    broker.close()
+    with contextlib.suppress(RedisError):
+        broker.client.close()
+        record_client.close()
+    code = 143 if runtime.requeued else 0
+    log.info(
+        "worker stopped" + (f"; {runtime.requeued} job(s) put back" if runtime.requeued else ""),
+        extra={"event": "worker_stopped", "holder": worker_id, "exit_code": code},
+    )
+    return code
+
+
+def _child(
+    settings: Settings, qs: QueueSettings, registry: Registry, worker_id: str
+) -> None:  # pragma: no cover - runs in a forked process
+    stop = _StopFlag().install()
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, _STOP_SIGNALS)
+    try:
+        code = serve(settings, qs, registry, worker_id=worker_id, stop=stop)
+    except Exception:
+        log.exception("worker process failed", extra={"event": "worker_failed"})
+        code = 1
+    logging.shutdown()
+    os._exit(code)
+
+
+def supervise(settings: Settings, qs: QueueSettings, registry: Registry) -> int:
+    """``--processes N``: N forked worker processes. SIGTERM is passed on; if one dies on its
+    own, the others are stopped too and the exit is non-zero, so that the pod restarts
+    visibly rather than running short-handed."""
+    if qs.processes == 1:
+        return serve(settings, qs, registry, worker_id=settings.lease.holder)
+    fork = multiprocessing.get_context("fork")
+    stop = _StopFlag().install()
+    # Signals arriving between fork and a child's own handlers must wait, not kill it.
+    signal.pthread_sigmask(signal.SIG_BLOCK, _STOP_SIGNALS)
+    children = [
+        fork.Process(
+            target=_child,
+            args=(settings, qs, registry, f"{settings.lease.holder}#{i}"),
+            name=f"worker-{i}",
+        )
+        for i in range(qs.processes)
+    ]
+    for child in children:
+        child.start()
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, _STOP_SIGNALS)
+    code = 0
+    forwarded = False
+    while any(c.exitcode is None for c in children):
+        if stop.event.is_set() and not forwarded:
+            _signal_all(children, signal.SIGTERM)
+            forwarded = True
+        multiprocessing.connection.wait([c.sentinel for c in children], timeout=0.2)
+        for child in children:
+            if child.exitcode is not None and not forwarded:
+                log.error(
+                    f"worker process {child.pid} exited with code {child.exitcode}; stopping "
+                    "the others",
+                    extra={"event": "worker_failed", "pid": child.pid},
+                )
+                code = 1
+                _signal_all(children, signal.SIGTERM)
+                forwarded = True
+    for child in children:
+        code = code or (child.exitcode if child.exitcode and child.exitcode > 0 else 0)
+    return code
+
+
+def _signal_all(children: Iterable[Any], sig: signal.Signals) -> None:
+    for child in children:
+        if child.exitcode is None and child.pid is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(child.pid, sig)

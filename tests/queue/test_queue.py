@@ -1,0 +1,294 @@
+"""Queue mode against a real Redis with real worker processes (issue 8, seed 001).
+
+Enqueue: one message per slot however many CronJob pods start, none for a retried Job.
+Workers: retries with growing, jittered backoff; the dead-letter queue after the last retry,
+and `dlq retry` runs it again; a graceful stop finishes or puts back the running job.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from typing import cast
+
+import pytest
+import redis
+
+from runner.devserver import RedisServer
+from runner.keys import TaskKeys
+from runner.queue import Producer, QueueSettings, message_id_for
+from runner.settings import load_settings
+from tests.helpers.proc import events, outcome
+from tests.helpers.wait import wait_for
+from tests.queue.helpers import (
+    NAMESPACE,
+    WorkerProc,
+    cli,
+    effects,
+    queue_env,
+    stats,
+    unacked,
+)
+from tests.queue.queue_tasks import RELEASE
+
+
+@pytest.fixture
+def workers() -> Iterator[list[WorkerProc]]:
+    started: list[WorkerProc] = []
+    yield started
+    for w in started:
+        w.stop()
+
+
+def start_worker(
+    workers: list[WorkerProc], env: dict[str, str], *args: str, holder: str = "w"
+) -> WorkerProc:
+    w = WorkerProc({**env, "CRON_RUNNER_HOLDER": f"{holder}{len(workers)}"}, *args)
+    workers.append(w)
+    wait_for(w.ready, 20, "the worker to be ready")
+    return w
+
+
+def producer(server: RedisServer) -> Producer:
+    settings = load_settings({"CRON_RUNNER_REDIS_URL": server.url})
+    return Producer(settings, QueueSettings(namespace=NAMESPACE))
+
+
+# --- enqueue: exactly one message per slot ---------------------------------------------------
+
+
+def test_ten_enqueue_replicas_send_one_message_and_a_retried_job_none(
+    redis_server: RedisServer, r: redis.Redis, workers: list[WorkerProc]
+) -> None:
+    minutes = int(time.time() // 60)
+    slot = minutes * 60
+    env = queue_env(
+        redis_server,
+        CRON_RUNNER_MODE="enqueue",
+        CRON_RUNNER_JOB_NAME=f"nightly-{minutes}",
+        CRON_RUNNER_CRONJOB_NAME="nightly",
+    )
+
+    def pod(i: int) -> tuple[int, str]:
+        done = cli(env, "run", "q-ok", "--holder", f"pod-{i}")
+        return done.returncode, done.stderr
+
+    with ThreadPoolExecutor(10) as pool:
+        results = list(pool.map(pod, range(10)))
+    assert [code for code, _ in results] == [0] * 10, [e for _, e in results][:2]
+    outcomes = sorted(outcome(err) or "none" for _, err in results)
+    assert outcomes.count("enqueued") == 1, outcomes
+    assert set(outcomes) <= {"enqueued", "skipped_held", "skipped_done"}
+    assert stats(r, "q-ok").ready == 1
+
+    # The pod that enqueued names the message; its id is task + slot.
+    (sent,) = [e for _, err in results for e in events(err) if e.get("event") == "enqueued"]
+    assert sent["message_id"] == message_id_for("default", "q-ok", slot, sent["fence"])
+    assert sent["queue"] == "q-ok"
+
+    # A retried Job of the same slot finds the slot done.
+    retried = cli(env, "run", "q-ok", "--holder", "pod-retry")
+    assert (retried.returncode, outcome(retried.stderr)) == (0, "skipped_done")
+
+    # A Job that sent the message and died before writing the slot marker: its retry takes
+    # the lease again, finds the message already sent, and does not send it twice.
+    r.delete(TaskKeys("cron-runner", "default", "q-ok").slot(slot))
+    crashed = cli(env, "run", "q-ok", "--holder", "pod-after-crash")
+    assert (crashed.returncode, outcome(crashed.stderr)) == (0, "enqueued")
+    (again,) = [e for e in events(crashed.stderr) if e.get("event") == "enqueued"]
+    assert "already enqueued" in again["msg"]
+    assert again["message_id"] == sent["message_id"]
+    assert stats(r, "q-ok").ready == 1
+
+    # The worker runs it once, with the slot and the fencing token taken at enqueue.
+    start_worker(workers, queue_env(redis_server))
+    wait_for(lambda: effects(r, "ran"), 20, "the job to run")
+    time.sleep(0.5)
+    (ran,) = effects(r, "ran")
+    assert (ran["slot"], ran["fence"], ran["holder"]) == (slot, sent["fence"], "w0")
+    assert stats(r, "q-ok") == stats(r, "q-ok").__class__("q-ok", 0, 0, 0, 0)
+    state = cast(dict[str, str], r.hgetall(TaskKeys("cron-runner", "default", "q-ok").state))
+    assert state["last_outcome"] == "ran"
+    assert state["last_enqueued_slot"] == str(slot)
+    assert state["last_success_slot"] == str(slot)
+
+
+def test_enqueue_mode_refuses_a_command_and_cluster(redis_server: RedisServer) -> None:
+    env = queue_env(redis_server, CRON_RUNNER_MODE="enqueue")
+    done = cli(env, "exec", "--name", "x", "--", "true")
+    assert done.returncode == 2
+    assert "needs a registered task" in done.stderr
+    done = cli({**env, "CRON_RUNNER_REDIS_CLUSTER": "true"}, "worker")
+    assert done.returncode == 2
+    assert "does not support Redis Cluster" in done.stderr
+
+
+# --- retries, backoff and the dead-letter queue -----------------------------------------------
+
+
+def test_retries_back_off_with_growing_jittered_delays_within_bounds(
+    redis_server: RedisServer, r: redis.Redis, workers: list[WorkerProc]
+) -> None:
+    # q-flaky: retries=3, min_backoff=300ms, max_backoff=5s; fails twice, then succeeds.
+    p = producer(redis_server)
+    ids = [p.send("q-flaky", {"id": n}) for n in range(4)]
+    p.close()
+    w = start_worker(workers, queue_env(redis_server), "--threads", "4")
+    wait_for(lambda: len(effects(r, "ran")) == 4, 60, "four flaky jobs to succeed")
+
+    retries = w.events("retry_scheduled")
+    by_message = {i: [e["delay_ms"] for e in retries if e["message_id"] == i] for i in ids}
+    assert all(len(delays) == 2 for delays in by_message.values()), by_message
+    for first, second in by_message.values():
+        # Dramatiq: min_backoff * 2**retry, stretched by a random factor in [1, 2).
+        assert 300 <= first <= 600
+        assert 600 <= second <= 1200
+        assert first <= second <= 5000
+    every = [d for pair in by_message.values() for d in pair]
+    assert len(set(every)) > 2, f"no jitter: {every}"
+    assert statistics.mean(p[1] for p in by_message.values()) > statistics.mean(
+        p[0] for p in by_message.values()
+    )
+
+    # No attempt ran before its backoff was over.
+    attempts = effects(r, "attempt")
+    for n in range(4):
+        times = sorted(a["at"] for a in attempts if a["payload"]["id"] == n)
+        assert len(times) == 3
+        delays = by_message[ids[n]]
+        assert times[1] - times[0] >= delays[0] / 1000 - 0.05
+        assert times[2] - times[1] >= delays[1] / 1000 - 0.05
+    assert stats(r, "q-flaky").dead == 0
+
+
+def test_always_failing_job_lands_in_the_dlq_and_dlq_retry_runs_it(
+    redis_server: RedisServer, r: redis.Redis, workers: list[WorkerProc]
+) -> None:
+    env = queue_env(redis_server)
+    p = producer(redis_server)
+    doomed_id = p.send("q-doomed", {"invoice": 42})
+    p.close()
+    w = start_worker(workers, env)
+    wait_for(lambda: stats(r, "q-doomed").dead == 1, 30, "the job to be dead-lettered")
+    # retries=2: the first attempt and two retries.
+    assert len(effects(r, "attempt")) == 3
+    assert not effects(r, "ran")
+    assert [e["message_id"] for e in w.events("dead_lettered")] == [doomed_id]
+
+    listed = cli(env, "dlq", "list", "q-doomed")
+    assert listed.returncode == 0, listed.stderr
+    assert doomed_id in listed.stdout
+    assert "ValueError: doomed: the dependency is still broken" in listed.stdout
+    row = next(line for line in listed.stdout.splitlines() if doomed_id in line)
+    assert row.split()[2] == "2"  # retries
+
+    shown = cli(env, "dlq", "show", "q-doomed", doomed_id)
+    assert shown.returncode == 0, shown.stderr
+    assert '"invoice": 42' in shown.stdout
+    assert "Traceback" in shown.stdout
+
+    refused = cli(env, "dlq", "retry", "q-doomed")
+    assert refused.returncode == 2
+    assert "--all" in refused.stderr
+
+    r.set("test:doomed:fixed", "1")
+    retried = cli(env, "dlq", "retry", "q-doomed", "--all")
+    assert retried.returncode == 0, retried.stderr
+    assert doomed_id in retried.stdout
+    wait_for(lambda: effects(r, "ran"), 30, "the retried job to run")
+    assert stats(r, "q-doomed").dead == 0
+    (ran,) = effects(r, "ran")
+    assert ran["payload"] == {"invoice": 42}
+    assert "no dead letters" in cli(env, "dlq", "list", "q-doomed").stdout
+
+
+def test_dlq_purge(redis_server: RedisServer, r: redis.Redis, workers: list[WorkerProc]) -> None:
+    env = queue_env(redis_server)
+    p = producer(redis_server)
+    first, second = p.send("q-doomed", {"n": 1}), p.send("q-doomed", {"n": 2})
+    p.close()
+    start_worker(workers, env, "--threads", "2")
+    wait_for(lambda: stats(r, "q-doomed").dead == 2, 30, "both jobs to be dead-lettered")
+    purged = cli(env, "dlq", "purge", "q-doomed", first)
+    assert (purged.returncode, purged.stdout.split()[-1]) == (0, "1"), purged.stderr
+    listed = cli(env, "dlq", "list", "q-doomed").stdout
+    assert first not in listed and second in listed
+    assert cli(env, "dlq", "purge", "q-doomed", "--all").returncode == 0
+    assert stats(r, "q-doomed").dead == 0
+    missing = cli(env, "dlq", "show", "q-doomed", first)
+    assert missing.returncode == 2
+    assert "no dead letter" in missing.stderr
+
+
+# --- graceful stop -------------------------------------------------------------------------
+
+
+def test_sigterm_lets_the_running_job_finish(
+    redis_server: RedisServer, r: redis.Redis, workers: list[WorkerProc]
+) -> None:
+    env = queue_env(redis_server, CRON_RUNNER_SHUTDOWN_GRACE="10s")
+    p = producer(redis_server)
+    p.send("q-sleep", {"seconds": 1.5})
+    p.close()
+    w = start_worker(workers, env)
+    wait_for(lambda: effects(r, "start"), 20, "the job to start")
+    w.terminate()
+    assert w.wait(30) == 0
+    assert len(effects(r, "ran")) == 1
+    assert stats(r, "q-sleep") == stats(r, "q-sleep").__class__("q-sleep", 0, 0, 0, 0)
+    assert unacked(r) == 0
+
+
+@pytest.mark.parametrize("task", ["q-careful", "q-stubborn"])
+def test_sigterm_puts_back_a_job_that_cannot_finish_in_the_grace(
+    redis_server: RedisServer, r: redis.Redis, workers: list[WorkerProc], task: str
+) -> None:
+    # q-careful stops at ctx.check() when the grace nears its end; q-stubborn never checks
+    # and is put back when the grace is over. Either way the job runs again elsewhere.
+    env = queue_env(redis_server, CRON_RUNNER_SHUTDOWN_GRACE="2s")
+    p = producer(redis_server)
+    job_id = p.send(task, {"seconds": 60})
+    p.close()
+    w = start_worker(workers, env)
+    wait_for(lambda: effects(r, "start"), 20, "the job to start")
+    stopped_at = time.monotonic()
+    w.terminate()
+    assert w.wait(30) == 143
+    assert time.monotonic() - stopped_at < 2 + 3, "the worker overran its grace"
+    assert not effects(r, "ran")
+    assert stats(r, task).ready == 1, "the job is back on its queue"
+    assert unacked(r) == 0
+    if task == "q-careful":
+        (stopped,) = w.events("finished")
+        assert stopped["outcome"] == "requeued"
+    else:
+        assert [e["message_id"] for e in w.events("requeued")] == [job_id]
+
+    r.set(RELEASE, "1")
+    start_worker(workers, env)
+    wait_for(lambda: effects(r, "ran"), 20, "the put-back job to run")
+    assert len(effects(r, "start")) == 2
+    assert stats(r, task).dead == 0
+
+
+# --- payload size -------------------------------------------------------------------------------
+
+
+def test_a_message_over_the_size_limit_is_refused_with_a_clear_error(
+    redis_server: RedisServer, r: redis.Redis
+) -> None:
+    settings = load_settings({"CRON_RUNNER_REDIS_URL": redis_server.url})
+    p = Producer(settings, QueueSettings(namespace=NAMESPACE, max_message_bytes=4096))
+    p.send("q-ok", {"invoice_ids": list(range(100))})
+    with pytest.raises(
+        Exception, match=r"over the 4,096-byte limit .*CRON_RUNNER_MAX_MESSAGE_SIZE.*reference"
+    ):
+        p.send("q-ok", {"rows": ["x" * 100] * 100})
+    p.close()
+    assert stats(r, "q-ok").ready == 1
+
+    bad = cli(queue_env(redis_server, CRON_RUNNER_MAX_MESSAGE_SIZE="lots"), "dlq", "list", "q-ok")
+    assert bad.returncode == 2
+    assert "CRON_RUNNER_MAX_MESSAGE_SIZE='lots' is not a size" in bad.stderr

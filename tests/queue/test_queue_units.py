@@ -1,0 +1,122 @@
+"""Queue-mode pieces without a worker: settings, message ids, task options, size limits."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from runner.errors import ConfigError
+from runner.queue import (
+    DEFAULT_MAX_MESSAGE_BYTES,
+    MessageTooLarge,
+    QueueSettings,
+    build_message,
+    load_queue_settings,
+    message_id_for,
+    parse_size,
+)
+from runner.settings import load_settings
+from runner.tasks import QueueOptions, RunContext, queue_options, task
+
+
+@pytest.mark.parametrize(
+    ("text", "size"),
+    [("65536", 65536), ("64KiB", 65536), ("64k", 65536), ("1MiB", 1 << 20), ("2 mb", 2 << 20),
+     ("1024", 1024)],
+)  # fmt: skip
+def test_parse_size(text: str, size: int) -> None:
+    assert parse_size(text, "X") == size
+
+
+@pytest.mark.parametrize("text", ["", "lots", "-1", "1.5KiB", "64 GiB", "1023"])
+def test_parse_size_refuses(text: str) -> None:
+    with pytest.raises(ConfigError, match="X="):
+        parse_size(text, "X")
+
+
+def test_queue_settings_defaults_and_overrides() -> None:
+    settings = load_settings({"CRON_RUNNER_SCOPE": "billing", "CRON_RUNNER_KEY_PREFIX": "acme"})
+    qs = load_queue_settings(settings, {})
+    assert qs == QueueSettings(namespace="acme:queue:billing")
+    assert qs.max_message_bytes == DEFAULT_MAX_MESSAGE_BYTES == 64 * 1024
+    env = {
+        "CRON_RUNNER_MAX_MESSAGE_SIZE": "1MiB",
+        "CRON_RUNNER_WORKER_QUEUES": "reports, billing",
+        "CRON_RUNNER_WORKER_THREADS": "4",
+        "CRON_RUNNER_WORKER_PROCESSES": "2",
+        "CRON_RUNNER_QUEUE_HEARTBEAT_TIMEOUT": "15s",
+        "CRON_RUNNER_QUEUE_MAINTENANCE_CHANCE": "0.01",
+        "CRON_RUNNER_QUEUE_DEAD_MESSAGE_TTL": "24h",
+    }
+    qs = load_queue_settings(settings, env, {"WORKER_THREADS": "16"})
+    assert qs.max_message_bytes == 1 << 20
+    assert qs.queues == ("reports", "billing")
+    assert (qs.processes, qs.threads) == (2, 16)
+    assert qs.heartbeat_timeout_ms == 15000
+    assert qs.maintenance_per_million == 10_000
+    assert qs.dead_message_ttl_ms == 24 * 3600 * 1000
+
+
+@pytest.mark.parametrize(
+    ("env", "says"),
+    [
+        ({"CRON_RUNNER_WORKER_THREADS": "0"}, "CRON_RUNNER_WORKER_THREADS='0' is not valid"),
+        ({"CRON_RUNNER_WORKER_PROCESSES": "two"}, "CRON_RUNNER_WORKER_PROCESSES='two'"),
+        ({"CRON_RUNNER_WORKER_QUEUES": "9lives"}, "queue '9lives' is not valid"),
+        ({"CRON_RUNNER_QUEUE_MAINTENANCE_CHANCE": "2"}, "expected a probability"),
+        ({"CRON_RUNNER_QUEUE_HEARTBEAT_TIMEOUT": "100ms"}, "too small"),
+    ],
+)
+def test_queue_settings_refuse_bad_values(env: dict[str, str], says: str) -> None:
+    with pytest.raises(ConfigError, match=says):
+        load_queue_settings(load_settings({}), env)
+
+
+def test_message_id_is_per_task_and_slot() -> None:
+    one = message_id_for("default", "report", 1_700_000_000, fence=7)
+    assert one == message_id_for("default", "report", 1_700_000_000, fence=8)
+    assert one != message_id_for("default", "report", 1_700_000_060, fence=7)
+    assert one != message_id_for("default", "other", 1_700_000_000, fence=7)
+    assert one != message_id_for("billing", "report", 1_700_000_000, fence=7)
+    # Manual runs have no slot: one id per acquisition.
+    assert message_id_for("default", "report", None, 1) != message_id_for(
+        "default", "report", None, 2
+    )
+
+
+def test_task_queue_options() -> None:
+    @task("report", queue="reports", retries=5, min_backoff="2s", max_backoff="10m",
+          time_limit=90)  # fmt: skip
+    def report(ctx: RunContext) -> None: ...
+
+    def plain(ctx: RunContext) -> None: ...
+
+    assert queue_options(report) == QueueOptions("reports", 5, 2.0, 600.0, 90.0)
+    assert queue_options(plain) == QueueOptions()
+
+
+@pytest.mark.parametrize(
+    ("options", "says"),
+    [
+        ({"queue": "9-lives"}, "queue='9-lives' is not valid"),
+        ({"retries": -1}, "retries=-1 must be 0 or more"),
+        ({"min_backoff": "1m", "max_backoff": "1s"}, "min_backoff is above max_backoff"),
+        ({"time_limit": "soon"}, "is not a duration"),
+        ({"time_limit": 0}, "must be positive"),
+    ],
+)
+def test_task_queue_options_refused(options: dict[str, Any], says: str) -> None:
+    with pytest.raises(ConfigError, match=says):
+        task("report", **options)
+
+
+def test_message_size_limit_counts_the_encoded_message() -> None:
+    small = build_message("report", "report", slot=1, fence=1, payload={"id": 1},
+                          message_id=None, limit_bytes=1024)  # fmt: skip
+    assert small.kwargs == {"slot": 1, "fence": 1, "payload": {"id": 1}}
+    with pytest.raises(MessageTooLarge) as info:
+        build_message("report", "report", slot=1, fence=1, payload={"blob": "x" * 2000},
+                      message_id=None, limit_bytes=1024)  # fmt: skip
+    assert info.value.exit_code == 2
+    assert info.value.limit == 1024 and info.value.size > 2000
