@@ -9,7 +9,7 @@ ARG BASE_IMAGE=python:3.12-slim
 
 FROM ${BASE_IMAGE} AS builder
 # Extras the image carries, from pyproject.toml: adding one is adding a word here.
-ARG EXTRAS=hiredis,telemetry
+ARG EXTRAS=hiredis,telemetry,queue
 ENV PIP_NO_CACHE_DIR=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1 \
     PIP_ROOT_USER_ACTION=ignore
