@@ -92,6 +92,25 @@ end
 return {'ok'}
 """
 
+# `cron-runner unlock`, the admin escape hatch. KEYS: lease, runs   ARGV: holder ('' deletes
+# whoever holds it; else a holder id or a whole token, compared here, so a lease taken over
+# since the admin looked is left alone), runs_maxlen, then the audit record's name/value pairs
+# (the record also gets the removed token, as 'unlocked').
+UNLOCK = """
+local current = redis.call('GET', KEYS[1])
+if not current then
+  return {'free', ''}
+end
+if ARGV[1] ~= '' and current ~= ARGV[1] and string.match(current, '^(.*):[^:]*$') ~= ARGV[1] then
+  return {'not_holder', current}
+end
+redis.call('DEL', KEYS[1])
+if #ARGV > 2 then
+  redis.call('XADD', KEYS[2], 'MAXLEN', '~', ARGV[2], '*', 'unlocked', current, unpack(ARGV, 3))
+end
+return {'unlocked', current}
+"""
+
 Fields = Mapping[str, str | int | float]
 
 
@@ -122,6 +141,8 @@ class Script:
 SCRIPTS = {
     name: Script(src) for name, src in [("acquire", ACQUIRE), ("renew", RENEW), ("finish", FINISH)]
 }
+# Not among the run's scripts: only an admin's unlock loads it.
+UNLOCK_SCRIPT = Script(UNLOCK)
 
 
 @dataclass(frozen=True)
@@ -155,6 +176,26 @@ def new_token(holder_id: str) -> str:
 
 def holder_of(token: str) -> str:
     return token.rsplit(":", 1)[0] if ":" in token else token
+
+
+def unlock(
+    client: ScriptClient,
+    keys: TaskKeys,
+    record: Fields,
+    *,
+    holder: str | None = None,
+    runs_maxlen: int = 1000,
+) -> tuple[str, str | None]:
+    """Delete the lease, whoever holds it or only if ``holder`` does, and record who did it.
+
+    Returns ('unlocked' | 'free' | 'not_holder', the token found or None).
+    """
+    args: list[Any] = [holder or "", runs_maxlen]
+    for name, value in record.items():
+        args += [name, str(value)]
+    reply = UNLOCK_SCRIPT(client, [keys.lease, keys.runs], args)
+    token = _as_str(reply[1])
+    return _as_str(reply[0]), token or None
 
 
 def _as_str(value: Any) -> str:

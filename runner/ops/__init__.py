@@ -1,0 +1,278 @@
+"""Operations subcommands: status, history, unlock, watchdog and check.
+
+Only the parsers live here: every run of ``cron-runner`` builds them, so each handler imports
+what it needs (state.py reads Redis, report.py renders, check.py checks).
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from typing import Any
+
+from runner import clock
+from runner.errors import ConfigError, StoreUnavailable
+from runner.settings import Settings, parse_duration
+
+AddFlags = Callable[[argparse.ArgumentParser, Sequence[str]], None]
+
+log = logging.getLogger("runner")
+
+DEFAULT_TOLERANCE = "10m"
+TOLERANCE_HELP = (
+    "how late a scheduled run may finish before its slot counts as missed "
+    f"(default {DEFAULT_TOLERANCE}; set it above your longest run plus the pod's start-up)"
+)
+
+
+def _duration(value: str) -> float:
+    try:
+        return parse_duration(value, "--tolerance")
+    except ConfigError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from exc
+
+
+def _output_flag(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--output", "-o", choices=("table", "json"), default="table", help="format")
+
+
+def add_commands(sub: Any, add_flags: AddFlags) -> None:
+    fmt = argparse.RawDescriptionHelpFormatter
+    p = sub.add_parser(
+        "check",
+        help="check configuration, Redis, permissions and eviction policy (used by helm test)",
+        description="Parse the configuration; reach Redis and report its latency; run the lease "
+        "scripts on scratch keys in the task keyspace (so missing ACL permissions show now, not "
+        "in a run); warn on an evicting maxmemory-policy (fail with --strict) and when AOF "
+        "persistence is off. Exit 0 when nothing failed, 3 when Redis is unreachable, else 1.",
+    )
+    add_flags(p, ("CONNECT_TIMEOUT", "LEASE_TTL"))
+    p.add_argument(
+        "--strict", action="store_true", help="fail, not only warn, on an evicting policy"
+    )
+    p.set_defaults(handler=cmd_check)
+
+    p = sub.add_parser(
+        "status",
+        help="each task's lease holder, last runs, next slot and whether it is overdue",
+        description="Without TASK, every task of the scope that has run or holds a lease.",
+    )
+    p.add_argument("task", nargs="?", metavar="TASK")
+    _output_flag(p)
+    p.add_argument("--tolerance", type=_duration, default=DEFAULT_TOLERANCE, help=TOLERANCE_HELP)
+    add_flags(p, ("CONNECT_TIMEOUT",))
+    p.set_defaults(handler=cmd_status)
+
+    p = sub.add_parser(
+        "history", help="a task's recorded runs, newest first", description="From the run stream."
+    )
+    p.add_argument("task", metavar="TASK")
+    p.add_argument("-n", type=int, default=20, metavar="N", help="how many runs (default 20)")
+    _output_flag(p)
+    add_flags(p, ("CONNECT_TIMEOUT",))
+    p.set_defaults(handler=cmd_history)
+
+    p = sub.add_parser(
+        "unlock",
+        help="remove a task's lease (admin escape hatch; needs --force)",
+        description="Remove TASK's lease so that another run can start. The holder, if still "
+        "running, finds its lease gone at its next renewal, stops its task and exits 4. "
+        "Refused without --force. With --holder, the lease is removed only if that holder "
+        "(a holder id as `status` shows it, or a whole token) holds it, checked inside Redis. "
+        "Logged, and recorded in the task's history.",
+        formatter_class=fmt,
+    )
+    p.add_argument("task", metavar="TASK")
+    p.add_argument("--force", action="store_true", help="really remove it")
+    p.add_argument("--holder", metavar="H", help="only if H holds it")
+    add_flags(p, ("CONNECT_TIMEOUT",))
+    p.set_defaults(handler=cmd_unlock)
+
+    p = sub.add_parser(
+        "watchdog",
+        help="exit 1 naming every task that missed a scheduled run (for a CronJob's alerts)",
+        description="For every task of the scope with a schedule in its state (set "
+        "CRON_RUNNER_SCHEDULE, as the chart does), list the fire times after its last success "
+        "that should have run by now minus the tolerance. Exit 1 if any task has one, else 0. "
+        "A task that never ran is not known to the watchdog.",
+    )
+    p.add_argument("--tolerance", type=_duration, default=DEFAULT_TOLERANCE, help=TOLERANCE_HELP)
+    _output_flag(p)
+    add_flags(p, ("CONNECT_TIMEOUT",))
+    p.set_defaults(handler=cmd_watchdog)
+
+
+@contextmanager
+def _connected(settings: Settings, what: str) -> Iterator[Any]:
+    """A client that has answered a PING within the connect deadline (exit 3 if not)."""
+    from redis.exceptions import ConnectionError as RedisConnectionError  # noqa: PLC0415
+    from redis.exceptions import NoPermissionError, TimeoutError  # noqa: PLC0415
+
+    from runner import store  # noqa: PLC0415
+
+    where = settings.redis.display_url
+    client = store.connect(settings.redis, settings.lease.ttl_s)
+    try:
+        deadline = clock.monotonic() + settings.redis.connect_timeout_s
+        store.with_deadline(client.ping, deadline_s=deadline, what=what, where=where)
+        try:
+            yield client
+        except (RedisConnectionError, TimeoutError) as exc:
+            raise StoreUnavailable(f"{what}: lost Redis at {where}: {exc}") from exc
+        except NoPermissionError as exc:
+            raise ConfigError(f"{what}: the ACL user may not do this at {where}: {exc}") from exc
+    finally:
+        client.close()
+
+
+def _write(text: str) -> None:
+    sys.stdout.write(text)
+
+
+def cmd_check(args: argparse.Namespace, settings: Settings) -> int:
+    from runner.ops.check import Check  # noqa: PLC0415
+
+    return Check(settings, sys.stdout).run(strict=args.strict)
+
+
+def cmd_status(args: argparse.Namespace, settings: Settings) -> int:
+    from runner.keys import validate_name  # noqa: PLC0415
+    from runner.ops import report  # noqa: PLC0415
+    from runner.ops.state import Reader  # noqa: PLC0415
+
+    if args.task is not None:
+        validate_name("TASK", args.task)
+    now_s = clock.wall()
+    lease = settings.lease
+    with _connected(settings, "status") as client:
+        reader = Reader(client, lease.prefix, lease.scope)
+        names = [args.task] if args.task else reader.tasks()
+        statuses = [reader.status(n, now_s=now_s, tolerance_s=args.tolerance) for n in names]
+    if args.output == "json":
+        tasks = [report.status_json(s) for s in statuses]
+        _write(report.dumps({"scope": lease.scope, "now": report.iso(now_s), "tasks": tasks}))
+    elif statuses:
+        _write(report.status_table(statuses))
+    else:
+        _write(f"no tasks in scope {lease.scope!r} (key prefix {lease.prefix!r}) have run yet\n")
+    return 0
+
+
+def cmd_history(args: argparse.Namespace, settings: Settings) -> int:
+    from runner.keys import validate_name  # noqa: PLC0415
+    from runner.ops import report  # noqa: PLC0415
+    from runner.ops.state import Reader  # noqa: PLC0415
+
+    validate_name("TASK", args.task)
+    if args.n < 1:
+        raise ConfigError(f"history: -n {args.n} is not valid: expected a count of at least 1")
+    lease = settings.lease
+    with _connected(settings, "history") as client:
+        records = Reader(client, lease.prefix, lease.scope).history(args.task, args.n)
+    if args.output == "json":
+        runs = [report.record_json(r) for r in records]
+        _write(report.dumps({"task": args.task, "scope": lease.scope, "runs": runs}))
+    elif records:
+        _write(report.history_table(records))
+    else:
+        _write(f"no runs recorded for task {args.task!r} in scope {lease.scope!r}\n")
+    return 0
+
+
+def cmd_unlock(args: argparse.Namespace, settings: Settings) -> int:
+    from runner.keys import TaskKeys, validate_name  # noqa: PLC0415
+    from runner.lease import holder_of, unlock  # noqa: PLC0415
+
+    validate_name("TASK", args.task)
+    if not args.force:
+        raise ConfigError(
+            f"unlock {args.task}: refused without --force. Removing a lease lets another run "
+            "start while its holder may still be running (it stops at its next renewal, exit 4). "
+            f"Look first with `cron-runner status {args.task}`; --holder H removes it only "
+            "from H."
+        )
+    lease = settings.lease
+    keys = TaskKeys(lease.prefix, lease.scope, args.task)
+    record: dict[str, str | int | float] = {
+        "outcome": "unlocked",
+        "holder": lease.holder,
+        "started_at": f"{clock.wall():.3f}",
+        "duration_ms": 0,
+    }
+    with _connected(settings, "unlock") as client:
+        result, token = unlock(client, keys, record, holder=args.holder)
+    found = holder_of(token) if token else None
+    fields = {"task": args.task, "holder": lease.holder, "run_holder": found}
+    if result == "unlocked":
+        log.warning(
+            f"unlocked {args.task}: removed the lease held by {found}",
+            extra={"event": "unlock", "outcome": "unlocked", **fields},
+        )
+        _write(f"unlocked {args.task}: removed the lease held by {found}\n")
+        return 0
+    if result == "free":
+        log.info(f"unlock {args.task}: the lease is free", extra={"event": "unlock", **fields})
+        _write(f"{args.task}: the lease is already free; nothing removed\n")
+        return 0
+    log.warning(
+        f"unlock {args.task} refused: held by {found}, not {args.holder}",
+        extra={"event": "unlock", "outcome": "refused", **fields},
+    )
+    _write(f"not unlocked: {args.task} is held by {found}, not {args.holder}\n")
+    return 1
+
+
+def cmd_watchdog(args: argparse.Namespace, settings: Settings) -> int:
+    from runner.ops import report  # noqa: PLC0415
+    from runner.ops.state import Reader  # noqa: PLC0415
+
+    now_s = clock.wall()
+    lease = settings.lease
+    with _connected(settings, "watchdog") as client:
+        reader = Reader(client, lease.prefix, lease.scope)
+        statuses = [
+            reader.status(n, now_s=now_s, tolerance_s=args.tolerance) for n in reader.tasks()
+        ]
+    overdue = [s for s in statuses if s.overdue]
+    unchecked = [s.task for s in statuses if s.overdue is None]
+    for s in overdue:
+        assert s.missed is not None
+        log.error(
+            f"overdue: {report.missed_text(s)}",
+            extra={"event": "overdue", "task": s.task, "slot": s.missed.slots[0]},
+        )
+    if args.output == "json":
+        _write(
+            report.dumps(
+                {
+                    "scope": lease.scope,
+                    "now": report.iso(now_s),
+                    "tolerance_s": args.tolerance,
+                    "checked": len(statuses) - len(unchecked),
+                    "overdue": [
+                        {
+                            "task": s.task,
+                            "schedule": s.schedule,
+                            "timezone": s.timezone,
+                            "last_success_at": report.iso(s.last_success.at)
+                            if s.last_success
+                            else None,
+                            "missed": report.missed_json(s.missed),
+                        }
+                        for s in overdue
+                    ],
+                    "unchecked": unchecked,
+                }
+            )
+        )
+    else:
+        for s in overdue:
+            _write(f"OVERDUE  {report.missed_text(s)}\n")
+        summary = f"{len(statuses) - len(unchecked)} tasks checked, {len(overdue)} overdue"
+        if unchecked:
+            summary += f"; no schedule recorded for: {', '.join(unchecked)}"
+        _write(f"{'FAIL' if overdue else 'ok'}  {summary} (scope {lease.scope!r})\n")
+    return 1 if overdue else 0

@@ -1,0 +1,188 @@
+"""How status, history and the watchdog show what they read: aligned tables, or JSON.
+
+JSON shapes are stable: times are ISO 8601 UTC strings (``...Z``), slots are epoch seconds
+(as in the logs, the keys and the telemetry), durations are milliseconds.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Sequence
+from typing import Any
+
+from runner.ops.state import Missed, Result, RunRecord, TaskStatus
+
+
+def iso(t_s: float | None) -> str | None:
+    if t_s is None:
+        return None
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(t_s))
+
+
+def human_duration(ms: float | None) -> str:
+    if ms is None:
+        return "-"
+    s = ms / 1000
+    if s < 60:
+        return f"{s:.1f}s"
+    if s < 3600:
+        return f"{int(s // 60)}m{int(s % 60):02d}s"
+    return f"{int(s // 3600)}h{int(s % 3600 // 60):02d}m"
+
+
+def table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
+    widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(headers)]
+    lines = [headers, *rows]
+    return "".join(
+        "  ".join(cell.ljust(w) for cell, w in zip(line, widths, strict=True)).rstrip() + "\n"
+        for line in lines
+    )
+
+
+def dumps(doc: Any) -> str:
+    return json.dumps(doc, indent=2) + "\n"
+
+
+# -- status -----------------------------------------------------------------------------------
+
+
+def _result_json(result: Result | None) -> dict[str, Any] | None:
+    if result is None:
+        return None
+    return {
+        "at": iso(result.at),
+        "slot": result.slot,
+        "duration_ms": result.duration_ms,
+        "outcome": result.outcome,
+        "exit_code": result.exit_code,
+    }
+
+
+def missed_json(missed: Missed | None) -> dict[str, Any] | None:
+    if missed is None:
+        return None
+    return {
+        "due_slot": missed.due_slot,
+        "slots": list(missed.slots),
+        "more": missed.more,
+        "running_slot": missed.running,
+    }
+
+
+def status_json(s: TaskStatus) -> dict[str, Any]:
+    return {
+        "task": s.task,
+        "lease": None if s.holder is None else {"holder": s.holder, "ttl_ms": s.ttl_ms},
+        "fencing_token": s.fence,
+        "schedule": s.schedule,
+        "timezone": s.timezone,
+        "last_slot": s.last_slot,
+        "last_run": None
+        if s.last_run_at is None
+        else {"at": iso(s.last_run_at), "outcome": s.last_outcome, "holder": s.last_holder},
+        "last_success": _result_json(s.last_success),
+        "last_failure": _result_json(s.last_failure),
+        "next_slot": s.next_slot,
+        "overdue": s.overdue,
+        "missed": missed_json(s.missed),
+        "schedule_error": s.schedule_error,
+    }
+
+
+def _when(result: Result | None, *, with_outcome: bool = False) -> str:
+    if result is None:
+        return "never"
+    text = f"{iso(result.at)} ({human_duration(result.duration_ms)})"
+    if with_outcome:
+        text += f" {result.outcome}"
+        if result.exit_code is not None:
+            text += f" exit {result.exit_code}"
+    return text
+
+
+def overdue_text(s: TaskStatus) -> str:
+    if s.schedule_error:
+        return "unknown: bad schedule"
+    if s.missed is None:
+        return "unknown" if s.schedule is None else "no runs yet"
+    m = s.missed
+    if not m.slots:
+        return "no (running)" if m.running is not None else "no"
+    count = f"{len(m.slots)}{'+' if m.more else ''}"
+    return f"yes: {count} missed since {iso(m.slots[0])}"
+
+
+def status_table(statuses: Sequence[TaskStatus]) -> str:
+    rows = [
+        [
+            s.task,
+            "free"
+            if s.holder is None
+            else f"{s.holder} ({human_duration(s.ttl_ms)} left)"
+            if s.ttl_ms is not None
+            else s.holder,
+            str(s.fence),
+            "-" if s.schedule is None else f"{s.schedule} {s.timezone}",
+            iso(s.last_slot) or "-",
+            _when(s.last_success),
+            _when(s.last_failure, with_outcome=True),
+            iso(s.next_slot) or "-",
+            overdue_text(s),
+        ]
+        for s in statuses
+    ]
+    headers = ["TASK", "LEASE", "FENCE", "SCHEDULE", "LAST SLOT", "LAST SUCCESS",
+               "LAST FAILURE", "NEXT SLOT", "OVERDUE"]  # fmt: skip
+    return table(headers, rows)
+
+
+# -- history ----------------------------------------------------------------------------------
+
+
+def record_json(r: RunRecord) -> dict[str, Any]:
+    return {
+        "id": r.id,
+        "started_at": iso(r.started_at),
+        "slot": r.slot,
+        "holder": r.holder,
+        "fencing_token": r.fence,
+        "outcome": r.outcome,
+        "exit_code": r.exit_code,
+        "duration_ms": r.duration_ms,
+        "error": r.error,
+        "unlocked": r.unlocked,
+    }
+
+
+def history_table(records: Sequence[RunRecord]) -> str:
+    rows = [
+        [
+            iso(r.started_at) or "-",
+            iso(r.slot) or "manual",
+            r.holder or "-",
+            "-" if r.fence is None else str(r.fence),
+            r.outcome or "-" if not r.unlocked else f"unlocked {r.unlocked}",
+            "-" if r.exit_code is None else str(r.exit_code),
+            human_duration(r.duration_ms),
+            (r.error or "")[:80],
+        ]
+        for r in records
+    ]
+    headers = ["STARTED", "SLOT", "HOLDER", "FENCE", "OUTCOME", "EXIT", "DURATION", "ERROR"]
+    return table(headers, rows)
+
+
+# -- watchdog ---------------------------------------------------------------------------------
+
+
+def missed_text(s: TaskStatus) -> str:
+    assert s.missed is not None
+    m = s.missed
+    listed = ", ".join(iso(slot) or "" for slot in m.slots)
+    more = ", and more" if m.more else ""
+    last = _when(s.last_success) if s.last_success else "never"
+    return (
+        f"{s.task} ({s.schedule} {s.timezone}): last success {last}; "
+        f"missed {len(m.slots)}{'+' if m.more else ''}: {listed}{more}"
+    )

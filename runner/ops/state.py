@@ -1,0 +1,246 @@
+"""What runs leave in Redis, read back: lease, fence, state hash, run stream (DESIGN.md, Redis keys).
+
+The state hash is written by ``execution._state`` in the same script as the release or
+completion; the schedule in it is what ``status`` and the watchdog judge a task by. A CronJob
+pod's run stores it too: the chart sets ``CRON_RUNNER_SCHEDULE`` beside the Job name.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Any
+
+from runner import slots
+from runner.errors import ConfigError
+from runner.keys import TaskKeys
+from runner.lease import holder_of
+
+#: `cron-runner check` runs the lease scripts on tasks named like this; they are not listed.
+CHECK_TASK_PREFIX = "cron-runner-check-"
+#: Missed slots listed per task; past this the listing says there are more.
+MISSED_LISTED = 10
+
+
+@dataclass(frozen=True)
+class Result:
+    """The last success or the last failure of a task."""
+
+    at: float
+    slot: int | None
+    duration_ms: int | None
+    outcome: str
+    exit_code: int | None
+
+
+@dataclass(frozen=True)
+class Missed:
+    """Fire times after the last success that should have run by now (``now - tolerance``)."""
+
+    due_slot: int
+    slots: tuple[int, ...]  # oldest first, at most MISSED_LISTED
+    more: bool  # more than listed
+    # The latest missed slot, not counted because the lease is held: that run may be it.
+    running: int | None = None
+
+
+@dataclass(frozen=True)
+class TaskStatus:
+    task: str
+    holder: str | None
+    ttl_ms: int | None
+    fence: int
+    schedule: str | None
+    timezone: str | None
+    last_slot: int | None
+    last_run_at: float | None
+    last_outcome: str | None
+    last_holder: str | None
+    last_success: Result | None
+    last_failure: Result | None
+    next_slot: int | None
+    missed: Missed | None  # None when no schedule is known: overdue cannot be judged
+    schedule_error: str | None = None
+
+    @property
+    def overdue(self) -> bool | None:
+        return None if self.missed is None else bool(self.missed.slots)
+
+
+@dataclass(frozen=True)
+class RunRecord:
+    id: str
+    started_at: float | None
+    slot: int | None
+    holder: str | None
+    fence: int | None
+    outcome: str | None
+    exit_code: int | None
+    duration_ms: int | None
+    error: str | None
+    unlocked: str | None  # for an unlock: the holder whose lease was removed
+
+
+def _int(value: Any) -> int | None:
+    try:
+        return int(value) if value not in (None, "") else None
+    except (TypeError, ValueError):
+        return None
+
+
+def _float(value: Any) -> float | None:
+    try:
+        return float(value) if value not in (None, "") else None
+    except (TypeError, ValueError):
+        return None
+
+
+def _result(state: dict[str, str], kind: str) -> Result | None:
+    at = _float(state.get(f"last_{kind}_at"))
+    if at is None:
+        return None
+    return Result(
+        at=at,
+        slot=_int(state.get(f"last_{kind}_slot")),
+        duration_ms=_int(state.get(f"last_{kind}_duration_ms")),
+        outcome="ran" if kind == "success" else state.get("last_failure_outcome", "failed"),
+        exit_code=0 if kind == "success" else _int(state.get("last_failure_exit_code")),
+    )
+
+
+def missed_slots(
+    schedule: slots.Schedule,
+    *,
+    now_s: float,
+    tolerance_s: float,
+    covered_until_s: float,
+    held: bool = False,
+    limit: int = MISSED_LISTED,
+) -> Missed:
+    """Fire times in ``(covered_until_s, now_s - tolerance_s]``: scheduled, never succeeded.
+
+    ``covered_until_s`` is the last successful slot (a success covers its own slot and every
+    one before it). With the lease held, the latest missed slot is counted as running.
+    """
+    due = schedule.previous_at_or_before(now_s - tolerance_s)
+    found: list[int] = []
+    more = False
+    t = covered_until_s
+    while (fire := schedule.next_after(t)) <= due:
+        if len(found) == limit:
+            more = True
+            break
+        found.append(fire)
+        t = fire
+    running = found.pop() if held and found and not more else None
+    return Missed(due_slot=due, slots=tuple(found), more=more, running=running)
+
+
+def record_of(entry_id: str, fields: dict[str, str]) -> RunRecord:
+    return RunRecord(
+        id=entry_id,
+        started_at=_float(fields.get("started_at")),
+        slot=_int(fields.get("slot")),
+        holder=fields.get("holder") or None,
+        fence=_int(fields.get("fence")),
+        outcome=fields.get("outcome") or None,
+        exit_code=_int(fields.get("exit_code")),
+        duration_ms=_int(fields.get("duration_ms")),
+        error=fields.get("error") or None,
+        unlocked=holder_of(fields["unlocked"]) if fields.get("unlocked") else None,
+    )
+
+
+class Reader:
+    """Reads one scope's tasks. Every task's keys share a hash slot, so one pipeline per task."""
+
+    def __init__(self, client: Any, prefix: str, scope: str) -> None:
+        self.client = client
+        self.prefix = prefix
+        self.scope = scope
+
+    def keys(self, task: str) -> TaskKeys:
+        return TaskKeys(self.prefix, self.scope, task)
+
+    def tasks(self) -> list[str]:
+        """Tasks with a state hash (they have run) or a lease (running now), by SCAN."""
+        # Prefix and scope are validated (keys.py): no glob character can appear in them.
+        base = f"{self.prefix}:{{{self.scope}:"
+        pattern = re.compile(re.escape(base) + r"(?P<task>[^{}:]+)\}:(?:state|lease)\Z")
+        found: set[str] = set()
+        for suffix in ("state", "lease"):
+            for key in self.client.scan_iter(match=f"{base}*}}:{suffix}", count=1000):
+                match = pattern.match(key)
+                if match and not match["task"].startswith(CHECK_TASK_PREFIX):
+                    found.add(match["task"])
+        return sorted(found)
+
+    def status(self, task: str, *, now_s: float, tolerance_s: float) -> TaskStatus:
+        keys = self.keys(task)
+        pipe = self.client.pipeline(transaction=False)
+        pipe.get(keys.lease)
+        pipe.pttl(keys.lease)
+        pipe.get(keys.fence)
+        pipe.hgetall(keys.state)
+        token, pttl_ms, fence, state = pipe.execute()
+        state = dict(state or {})
+        held = token is not None
+        schedule_expr = state.get("schedule") or None
+        timezone = state.get("timezone") or ("UTC" if schedule_expr else None)
+        last_success = _result(state, "success")
+        next_slot: int | None = None
+        missed: Missed | None = None
+        schedule_error: str | None = None
+        if schedule_expr:
+            try:
+                schedule = slots.Schedule.parse(schedule_expr, timezone or "UTC", 0.0)
+                next_slot = schedule.next_after(now_s)
+                covered = self._covered_until(task, schedule, last_success)
+                if covered is not None:
+                    missed = missed_slots(
+                        schedule,
+                        now_s=now_s,
+                        tolerance_s=tolerance_s,
+                        covered_until_s=covered,
+                        held=held,
+                    )
+            except ConfigError as exc:
+                schedule_error = str(exc)
+        return TaskStatus(
+            task=task,
+            holder=holder_of(token) if held else None,
+            ttl_ms=int(pttl_ms) if held and int(pttl_ms) >= 0 else None,
+            fence=_int(fence) or 0,
+            schedule=schedule_expr,
+            timezone=timezone,
+            last_slot=_int(state.get("last_slot")),
+            last_run_at=_float(state.get("last_run_at")),
+            last_outcome=state.get("last_outcome") or None,
+            last_holder=state.get("last_holder") or None,
+            last_success=last_success,
+            last_failure=_result(state, "failure"),
+            next_slot=next_slot,
+            missed=missed,
+            schedule_error=schedule_error,
+        )
+
+    def _covered_until(
+        self, task: str, schedule: slots.Schedule, last_success: Result | None
+    ) -> float | None:
+        """Up to when the schedule is known to be served: the last successful slot, or, for a
+        task that never succeeded, just before the first slot it tried (its oldest record)."""
+        if last_success is not None:
+            return float(last_success.slot if last_success.slot is not None else last_success.at)
+        oldest = self.client.xrange(self.keys(task).runs, count=1)
+        if not oldest:
+            return None
+        first = record_of(*oldest[0])
+        if first.slot is not None:
+            return float(first.slot - 1)
+        if first.started_at is None:
+            return None
+        return float(schedule.previous_at_or_before(first.started_at) - 1)
+
+    def history(self, task: str, count: int) -> list[RunRecord]:
+        entries = self.client.xrevrange(self.keys(task).runs, count=count)
+        return [record_of(entry_id, fields) for entry_id, fields in entries]

@@ -1,0 +1,142 @@
+"""The watchdog, on state written by real runs of the CLI: overdue tasks exit 1, by name.
+
+Old runs are made two ways, both through the runner's own scripts: a CronJob pod's run whose
+Job name carries a slot two days old (the chart sets CRON_RUNNER_SCHEDULE beside it), and a
+run under faketime two days in the past.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import time
+from typing import Any
+
+import redis
+
+from runner.devserver import RedisServer
+from runner.slots import Schedule
+from tests.helpers.proc import CRON_RUNNER, events, run, runner_env
+
+DAY_S = 86_400
+
+
+def _cronjob_env(redis_url: str, task: str, schedule: str, slot_s: int) -> dict[str, str]:
+    """What the chart gives a CronJob pod of ``task`` for the Job of ``slot_s``."""
+    cronjob = f"release-{task}"
+    return runner_env(
+        redis_url,
+        CRON_RUNNER_JOB_NAME=f"{cronjob}-{slot_s // 60}",
+        CRON_RUNNER_CRONJOB_NAME=cronjob,
+        CRON_RUNNER_SCHEDULE=schedule,
+    )
+
+
+def _watchdog(env: dict[str, str], *args: str) -> tuple[int, Any, str]:
+    res = run(["watchdog", "--output", "json", *args], env)
+    return res.returncode, json.loads(res.stdout), res.stderr
+
+
+def test_a_cronjob_that_stopped_running_is_overdue_with_its_missed_slots(
+    redis_server: RedisServer,
+) -> None:
+    schedule = Schedule.parse("0 3 * * *", "UTC", 0)
+    old_slot = schedule.previous_at_or_before(time.time() - 2 * DAY_S)
+    env = _cronjob_env(redis_server.url, "nightly", "0 3 * * *", old_slot)
+    assert run(["exec", "--name", "nightly", "--", "true"], env).returncode == 0
+    # Healthy neighbour: ran its current slot.
+    fresh = runner_env(redis_server.url, CRON_RUNNER_SCHEDULE="*/5 * * * *")
+    assert run(["exec", "--name", "fivemin", "--", "true"], fresh).returncode == 0
+
+    code, doc, stderr = _watchdog(runner_env(redis_server.url))
+    assert code == 1
+    assert set(doc) == {"scope", "now", "tolerance_s", "checked", "overdue", "unchecked"}
+    assert (doc["checked"], doc["unchecked"], doc["tolerance_s"]) == (2, [], 600)
+    (overdue,) = doc["overdue"]
+    assert set(overdue) == {"task", "schedule", "timezone", "last_success_at", "missed"}
+    assert (overdue["task"], overdue["schedule"], overdue["timezone"]) == (
+        "nightly",
+        "0 3 * * *",
+        "UTC",
+    )
+    missed = overdue["missed"]["slots"]
+    assert missed == [old_slot + DAY_S, old_slot + 2 * DAY_S][: len(missed)]
+    assert len(missed) >= 1  # two days back: yesterday's slot, and today's once 03:10 passed
+    assert missed[0] == old_slot + DAY_S
+    logged = [e for e in events(stderr) if e.get("event") == "overdue"]
+    assert [e["task"] for e in logged] == ["nightly"]
+
+    text = run(["watchdog"], runner_env(redis_server.url))
+    assert text.returncode == 1
+    assert text.stdout.startswith("OVERDUE  nightly (0 3 * * * UTC)")
+    assert "2 tasks checked, 1 overdue" in text.stdout
+
+
+def test_a_run_made_two_days_ago_under_faketime(redis_server: RedisServer) -> None:
+    env = runner_env(redis_server.url, CRON_RUNNER_SCHEDULE="0 * * * *")
+    past = subprocess.run(
+        ["faketime", "-f", "-2d", CRON_RUNNER, "exec", "--name", "hourly", "--", "true"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert past.returncode == 0, past.stderr
+    code, doc, _ = _watchdog(runner_env(redis_server.url))
+    assert code == 1
+    (overdue,) = doc["overdue"]
+    assert overdue["task"] == "hourly"
+    assert len(overdue["missed"]["slots"]) == 10  # listed: the oldest ten of ~47
+    assert overdue["missed"]["more"] is True
+
+    # The same task run now, for its current slot, is healthy again.
+    assert run(["exec", "--name", "hourly", "--", "true"], env).returncode == 0
+    code, doc, _ = _watchdog(runner_env(redis_server.url))
+    assert (code, doc["overdue"]) == (0, [])
+
+
+def test_a_task_that_only_ever_failed_is_overdue(redis_server: RedisServer) -> None:
+    schedule = Schedule.parse("30 * * * *", "UTC", 0)
+    slot = schedule.previous_at_or_before(time.time() - 3 * 3600)
+    env = _cronjob_env(redis_server.url, "flaky", "30 * * * *", slot)
+    assert run(["exec", "--name", "flaky", "--", "false"], env).returncode == 1
+    code, doc, _ = _watchdog(runner_env(redis_server.url))
+    assert code == 1
+    assert doc["overdue"][0]["last_success_at"] is None
+    assert doc["overdue"][0]["missed"]["slots"][0] == slot
+
+
+def test_healthy_and_unknown_tasks_exit_0(redis_server: RedisServer, r: redis.Redis) -> None:
+    code, empty, _ = _watchdog(runner_env(redis_server.url))
+    assert code == 0
+    assert {k: v for k, v in empty.items() if k != "now"} == {
+        "scope": "default", "tolerance_s": 600, "checked": 0, "overdue": [], "unchecked": []
+    }  # fmt: skip
+    env = runner_env(redis_server.url, CRON_RUNNER_SCHEDULE="*/5 * * * *")
+    assert run(["exec", "--name", "fivemin", "--", "true"], env).returncode == 0
+    # No schedule: the watchdog cannot judge it, and says so without failing.
+    assert (
+        run(["exec", "--name", "adhoc", "--", "true"], runner_env(redis_server.url)).returncode == 0
+    )
+    # Another scope's overdue task is not this scope's business.
+    old = Schedule.parse("0 3 * * *", "UTC", 0).previous_at_or_before(time.time() - 2 * DAY_S)
+    other = {
+        **_cronjob_env(redis_server.url, "nightly", "0 3 * * *", old),
+        "CRON_RUNNER_SCOPE": "other",
+    }
+    assert run(["exec", "--name", "nightly", "--", "true"], other).returncode == 0
+
+    code, doc, _ = _watchdog(runner_env(redis_server.url))
+    assert (code, doc["checked"], doc["overdue"], doc["unchecked"]) == (0, 1, [], ["adhoc"])
+    text = run(["watchdog"], runner_env(redis_server.url))
+    assert text.returncode == 0
+    assert "1 tasks checked, 0 overdue; no schedule recorded for: adhoc" in text.stdout
+    assert _watchdog({**runner_env(redis_server.url), "CRON_RUNNER_SCOPE": "other"})[0] == 1
+
+
+def test_a_long_tolerance_excuses_a_late_run(redis_server: RedisServer) -> None:
+    schedule = Schedule.parse("0 3 * * *", "UTC", 0)
+    old_slot = schedule.previous_at_or_before(time.time() - 2 * DAY_S)
+    env = _cronjob_env(redis_server.url, "nightly", "0 3 * * *", old_slot)
+    assert run(["exec", "--name", "nightly", "--", "true"], env).returncode == 0
+    assert _watchdog(runner_env(redis_server.url), "--tolerance", "72h")[0] == 0
