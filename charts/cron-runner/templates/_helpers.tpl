@@ -42,7 +42,7 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 
 {{/* Components the chart itself uses; no task may take these names. */}}
 {{- define "cron-runner.reservedComponents" -}}
-{{- list "bundled-redis" "connection-test" | toJson }}
+{{- list "bundled-redis" "connection-test" "watchdog" | toJson }}
 {{- end }}
 
 {{/*
