@@ -9,9 +9,18 @@ import pytest
 from helm_python import HelmRenderError, HelmValuesError
 from helm_python.chart import Chart, lint
 
-from tests.chart.helpers import CHART_DIR, CI_FILES, NAMESPACE, container, env_of, pod_spec, render
+from tests.chart.helpers import (
+    CHART_DIR,
+    CI_FILES,
+    NAMESPACE,
+    ci_values,
+    container,
+    env_of,
+    pod_spec,
+    render,
+)
 from tests.chart.test_matrix import KUBE_VERSIONS, schema_errors
-from tests.chart.test_objects import all_renders, assert_restricted, ci_values, field_ref
+from tests.chart.test_objects import all_renders, assert_restricted, field_ref
 
 WATCHDOG = "cron-runner-watchdog"
 
