@@ -211,12 +211,14 @@ def test_dead_collector_costs_at_most_the_flush_timeout(
     assert elapsed_s < 1 + 20
 
 
+# A whole run in one interpreter, then what it imported.
 _IMPORTS = """
-import sys
+import json, sys
 from runner import cli
 code = cli.main(["exec", "--name", "imports", "--", "true"])
-print(json.dumps({"code": code, "otel": sorted(m for m in sys.modules if m.startswith("opentelemetry"))}))
-""".replace("import sys", "import json, sys")
+otel = sorted(m for m in sys.modules if m.startswith("opentelemetry"))
+print(json.dumps({"code": code, "otel": otel}))
+"""
 
 
 def _modules_after_a_run(env: dict[str, str]) -> dict[str, object]:
