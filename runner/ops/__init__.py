@@ -40,7 +40,6 @@ def _output_flag(p: argparse.ArgumentParser) -> None:
 
 
 def add_commands(sub: Any, add_flags: AddFlags) -> None:
-    fmt = argparse.RawDescriptionHelpFormatter
     p = sub.add_parser(
         "check",
         help="check configuration, Redis, permissions and eviction policy (used by helm test)",
@@ -83,7 +82,6 @@ def add_commands(sub: Any, add_flags: AddFlags) -> None:
         "Refused without --force. With --holder, the lease is removed only if that holder "
         "(a holder id as `status` shows it, or a whole token) holds it, checked inside Redis. "
         "Logged, and recorded in the task's history.",
-        formatter_class=fmt,
     )
     p.add_argument("task", metavar="TASK")
     p.add_argument("--force", action="store_true", help="really remove it")
