@@ -13,6 +13,7 @@ import threading
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from importlib.metadata import entry_points
 from types import ModuleType
 from typing import Any
 
@@ -212,9 +213,6 @@ class Registry:
         for module_name in modules:
             registry.add_module(_import(module_name, "CRON_RUNNER_TASK_MODULES"), "module")
         if use_entry_points:
-            # importlib.metadata costs ~20 ms to import: only `run` and `tasks` need it.
-            from importlib.metadata import entry_points  # noqa: PLC0415
-
             for ep in entry_points(group=ENTRY_POINT_GROUP):
                 origin = f"entry point {ep.name} = {ep.value}"
                 if ":" in ep.value:
