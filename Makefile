@@ -36,6 +36,12 @@ test: lint
 test-fast: $(STAMP)
 	$(BIN)/pytest -m "not scale and not image" -x -q $(PYTEST_ARGS)
 
+# Seed 001 §9 at full size: 50,000 jobs, 4 workers, 2 kill -9ed, and RQ on the same
+# workload as the anchor (tests/queue/test_scale.py, bench/queue_scale.py). A few minutes.
+.PHONY: test-scale
+test-scale: $(STAMP)
+	$(BIN)/pytest -m scale -s -p no:cacheprovider $(PYTEST_ARGS)
+
 bench: $(STAMP)
 	$(BIN)/python bench/lease_cycle.py
 

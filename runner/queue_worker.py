@@ -392,6 +392,7 @@ def serve(
     timer.start()
     worker.stop(timeout=int(grace_s * 1000))
     timer.cancel()
+    _leave(broker, queues)
     broker.close()
     with contextlib.suppress(RedisError):
         broker.client.close()
@@ -402,6 +403,20 @@ def serve(
         extra={"event": "worker_stopped", "holder": worker_id, "exit_code": code},
     )
     return code
+
+
+def _leave(broker: RedisBroker, queues: Iterable[str]) -> None:
+    """Take this worker out of the heartbeats when it holds nothing: else it would look dead
+    later, and maintenance would scan for its keys. With anything left, stay, so that
+    maintenance re-delivers it."""
+    acks = f"{broker.namespace}:__acks__.{broker.broker_id}"
+    client: Any = broker.client
+    try:
+        sets = [f"{acks}.{q}{suffix}" for q in queues for suffix in ("", ".DQ")]
+        if not any(client.scard(key) for key in sets):
+            broker.client.zrem(f"{broker.namespace}:__heartbeats__", broker.broker_id)
+    except RedisError as exc:
+        log.warning(f"could not leave the heartbeats: {exc}", extra={"event": "leave_failed"})
 
 
 def _child(
