@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import pytest
 
 from runner.errors import ConfigError
@@ -127,9 +130,6 @@ def test_sentinels_and_modules_parse() -> None:
 
 def test_exec_path_imports_no_optional_heavy_modules() -> None:
     # A CronJob pod starts cold every run: `exec` must not pay for what it does not use.
-    import subprocess
-    import sys
-
     code = (
         "import sys, runner.cli, runner.execution, runner.store, runner.targets;"
         "heavy = ['croniter', 'opentelemetry', 'dramatiq', 'kubernetes'];"
@@ -137,3 +137,16 @@ def test_exec_path_imports_no_optional_heavy_modules() -> None:
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
+
+
+def test_cronjob_pod_start_path_needs_no_croniter() -> None:
+    code = (
+        "import os, sys;"
+        "from runner.settings import load_settings;"
+        "from runner.execution import resolve_slot;"
+        "s = load_settings({'CRON_RUNNER_JOB_NAME': 'x-29934000', 'CRON_RUNNER_CRONJOB_NAME': 'x',"
+        " 'CRON_RUNNER_SCHEDULE': '* * * * *'});"
+        "print(resolve_slot(s, 0.0), 'croniter' in sys.modules)"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.split() == [str(29934000 * 60), "False"]
