@@ -23,7 +23,7 @@ from runner.keys import TaskKeys
 from runner.lease import Acquired, Held, Lease, SlotDone, new_token
 from runner.logs import RunLogger, run_logger
 from runner.settings import Settings
-from runner.store import replicas_acknowledged, with_deadline
+from runner.store import replicas_acknowledged, wait_timeout_ms, with_deadline
 from runner.targets import CommandTarget, Target, reap_orphans
 from runner.tasks import RunContext
 
@@ -123,11 +123,11 @@ def resolve_slot(settings: Settings, now_s: float) -> int | None:
 def retention_s(settings: Settings) -> float:
     if settings.lease.slot_retention_s is not None:
         return settings.lease.slot_retention_s
-    if settings.slots.schedule:
-        sched = slots.Schedule.parse(
-            settings.slots.schedule, settings.slots.timezone, settings.slots.skew_tolerance_s
-        )
-        return sched.retention_s
+    s = settings.slots
+    if s.schedule:
+        # With a Job name the tolerance plays no part (and was not checked at start).
+        tolerance_s = 0.0 if s.job_name else s.skew_tolerance_s
+        return slots.Schedule.parse(s.schedule, s.timezone, tolerance_s).retention_s
     # A Job-name slot without a schedule: a day covers any CronJob retry window.
     return 24 * ONE_HOUR_S
 
@@ -154,7 +154,6 @@ class Execution:
             self.keys,
             new_token(settings.lease.holder),
             ttl_ms=settings.lease.ttl_ms,
-            retention_ms=int(retention_s(settings) * 1000),
         )
         self.log: RunLogger = run_logger(task_name, settings.lease.holder)
         self.where = settings.redis.display_url
@@ -249,7 +248,7 @@ class Execution:
         wanted = self.settings.redis.min_replicas
         if wanted <= 0:
             return
-        timeout_ms = int(min(self.settings.lease.ttl_s / 3, 5.0) * 1000)
+        timeout_ms = wait_timeout_ms(self.settings.lease.ttl_s)
         try:
             acked = replicas_acknowledged(self.client, self.keys.lease, wanted, timeout_ms)
         except RedisError as exc:
@@ -345,6 +344,8 @@ class Execution:
                 self._release(FAILED, code, error)
             return RunResult(FAILED, code, reason=error)
         done = getattr(self.target, "outcome", RAN)
+        # Only a completing run needs the retention: a CronJob pod's start stays free of croniter.
+        self.lease.retention_ms = int(retention_s(self.settings) * 1000)
         try:
             with self.observer.phase("complete"):
                 self._store(

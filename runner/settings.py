@@ -11,7 +11,7 @@ import socket
 import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
-from urllib.parse import unquote, urlsplit
+from urllib.parse import SplitResult, unquote, urlsplit
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from runner.errors import ConfigError
@@ -19,6 +19,7 @@ from runner.keys import PREFIX_RE, validate_name
 
 ENV_PREFIX = "CRON_RUNNER_"
 MIN_TTL_S = 1.0
+MAX_DURATION_S = 10 * 365 * 86400.0
 
 _DURATION_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h)?\s*$")
 _UNIT_S = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, None: 1.0}
@@ -31,7 +32,11 @@ def parse_duration(value: str, origin: str) -> float:
     match = _DURATION_RE.match(value)
     if not match:
         raise ConfigError(f"{origin}={value!r} is not a duration: expected {DURATION_FORM}")
-    return float(match.group(1)) * _UNIT_S[match.group(2)]
+    seconds = float(match.group(1)) * _UNIT_S[match.group(2)]
+    # A float from 400 digits is inf; Redis refuses expiry times past its own range anyway.
+    if seconds > MAX_DURATION_S:
+        raise ConfigError(f"{origin}={value[:40]!r} is too large: expected at most 10 years")
+    return seconds
 
 
 @dataclass(frozen=True)
@@ -187,12 +192,24 @@ class _Source:
         return value.lower()
 
 
+def _whole_number(text: str) -> bool:
+    """ASCII digits, not too many: str.isdigit() also accepts '²', which int() refuses."""
+    return text.isascii() and text.isdigit() and len(text) <= 9
+
+
+def _split_url(url: str, origin: str, form: str) -> SplitResult:
+    try:
+        return urlsplit(url)
+    except ValueError as exc:  # e.g. an unclosed IPv6 bracket; not shown: it may hold a password
+        raise ConfigError(f"{origin} is not a valid URL ({exc}): expected {form}") from exc
+
+
 def _redis(src: _Source) -> RedisSettings:
     url, origin = src.get("REDIS_URL")
     url = url or RedisSettings.url
-    parts = urlsplit(url)
-    shown = redact_url(url)
     form = "redis://[user[:password]@]host[:port][/db], rediss://... or unix:///path/to/socket"
+    parts = _split_url(url, origin, form)
+    shown = redact_url(url)
     if parts.scheme not in ("redis", "rediss", "unix"):
         raise ConfigError(f"{origin}={shown!r} is not a Redis URL: expected {form}")
     try:
@@ -204,7 +221,7 @@ def _redis(src: _Source) -> RedisSettings:
     if parts.scheme == "unix" and not parts.path:
         raise ConfigError(f"{origin}={shown!r} has no socket path: expected {form}")
     db = parts.path.strip("/") if parts.scheme != "unix" else ""
-    if db and not db.isdigit():
+    if db and not _whole_number(db):
         raise ConfigError(f"{origin}={shown!r} has a bad database {db!r}: expected a number")
     del port
 
@@ -216,7 +233,7 @@ def _redis(src: _Source) -> RedisSettings:
         if not item.strip():
             continue
         host, sep, port_s = item.strip().rpartition(":")
-        if not sep or not host or not port_s.isdigit() or not 0 < int(port_s) < 65536:
+        if not sep or not host or not _whole_number(port_s) or not 0 < int(port_s) < 65536:
             raise ConfigError(
                 f"{sentinels_origin} entry {item.strip()!r} is not valid: expected host:port[,host:port...]"
             )
@@ -224,7 +241,7 @@ def _redis(src: _Source) -> RedisSettings:
     master, _ = src.get("REDIS_SENTINEL_MASTER")
     sentinel_password, _ = src.get("REDIS_SENTINEL_PASSWORD")
     min_replicas_raw, min_origin = src.get("REDIS_MIN_REPLICAS")
-    if min_replicas_raw is not None and not min_replicas_raw.isdigit():
+    if min_replicas_raw is not None and not _whole_number(min_replicas_raw):
         raise ConfigError(
             f"{min_origin}={min_replicas_raw!r} is not valid: expected a whole number >= 0"
         )
@@ -362,7 +379,9 @@ def load_settings(
         ),
         telemetry=_telemetry(src),
     )
-    if settings.slots.schedule is not None:
+    # In a CronJob pod the slot comes from the Job name and Kubernetes has validated the
+    # schedule, which is kept only for status and the watchdog: croniter stays off the start path.
+    if settings.slots.schedule is not None and not settings.slots.job_name:
         settings = replace(settings, slots=_checked_schedule(src, settings.slots))
     return settings
 
