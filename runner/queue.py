@@ -533,12 +533,14 @@ def queue_stats(client: Any, namespace: str, queues: Iterable[str]) -> list[Queu
     return out
 
 
-def status_rows(
-    client: Any, settings: Settings, task_queues: Iterable[str] = ()
-) -> list[QueueStats]:
-    """For ``cron-runner status``: every queue of the tasks given and every queue with keys."""
+def status_for(client: Any, settings: Settings, task: str | None = None) -> list[QueueStats]:
+    """For ``cron-runner status``: every queue that has keys (or the one named after ``task``).
+    Empty when queue mode is not in use, so run-mode users see nothing new."""
     namespace = namespace_for(settings)
-    return queue_stats(client, namespace, set(task_queues) | discover_queues(client, namespace))
+    queues = discover_queues(client, namespace)
+    if task is not None:
+        queues &= {task}
+    return queue_stats(client, namespace, queues) if queues else []
 
 
 def format_status(rows: Sequence[QueueStats]) -> str:

@@ -137,6 +137,9 @@ def cmd_check(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def cmd_status(args: argparse.Namespace, settings: Settings) -> int:
+    import dataclasses  # noqa: PLC0415
+
+    from runner import queue  # noqa: PLC0415 - queue mode's counts; no Dramatiq import
     from runner.keys import validate_name  # noqa: PLC0415
     from runner.ops import report  # noqa: PLC0415
     from runner.ops.state import Reader  # noqa: PLC0415
@@ -149,13 +152,18 @@ def cmd_status(args: argparse.Namespace, settings: Settings) -> int:
         reader = Reader(client, lease.prefix, lease.scope)
         names = [args.task] if args.task else reader.tasks()
         statuses = [reader.status(n, now_s=now_s, tolerance_s=args.tolerance) for n in names]
+        queues = queue.status_for(client, settings, args.task)
     if args.output == "json":
         tasks = [report.status_json(s) for s in statuses]
-        _write(report.dumps({"scope": lease.scope, "now": report.iso(now_s), "tasks": tasks}))
-    elif statuses:
+        _write(report.dumps({"scope": lease.scope, "now": report.iso(now_s), "tasks": tasks,
+                             "queues": [dataclasses.asdict(q) for q in queues]}))  # fmt: skip
+        return 0
+    if statuses:
         _write(report.status_table(statuses))
     else:
         _write(f"no tasks in scope {lease.scope!r} (key prefix {lease.prefix!r}) have run yet\n")
+    if queues:
+        _write("\n" + queue.format_status(queues))
     return 0
 
 

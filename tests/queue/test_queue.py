@@ -7,6 +7,7 @@ and `dlq retry` runs it again; a graceful stop finishes or puts back the running
 
 from __future__ import annotations
 
+import json
 import statistics
 import time
 from collections.abc import Iterator
@@ -18,7 +19,7 @@ import redis
 
 from runner.devserver import RedisServer
 from runner.keys import TaskKeys
-from runner.queue import Producer, QueueSettings, message_id_for
+from runner.queue import Producer, QueueSettings, make_broker, message_id_for
 from runner.settings import load_settings
 from tests.helpers.proc import events, outcome
 from tests.helpers.wait import wait_for
@@ -239,6 +240,8 @@ def test_sigterm_lets_the_running_job_finish(
     assert len(effects(r, "ran")) == 1
     assert stats(r, "q-sleep") == stats(r, "q-sleep").__class__("q-sleep", 0, 0, 0, 0)
     assert unacked(r) == 0
+    # Neither the sender nor the stopped worker is left to look like a dead worker.
+    assert r.zcard(f"{NAMESPACE}:__heartbeats__") == 0
 
 
 @pytest.mark.parametrize("task", ["q-careful", "q-stubborn"])
@@ -292,3 +295,45 @@ def test_a_message_over_the_size_limit_is_refused_with_a_clear_error(
     bad = cli(queue_env(redis_server, CRON_RUNNER_MAX_MESSAGE_SIZE="lots"), "dlq", "list", "q-ok")
     assert bad.returncode == 2
     assert "CRON_RUNNER_MAX_MESSAGE_SIZE='lots' is not a size" in bad.stderr
+
+
+# --- status ---------------------------------------------------------------------------------
+
+
+def test_status_shows_depth_delayed_and_dead_per_queue(
+    redis_server: RedisServer, r: redis.Redis
+) -> None:
+    env = queue_env(redis_server)
+    quiet = cli(env, "status")
+    assert quiet.returncode == 0, quiet.stderr
+    assert "QUEUE" not in quiet.stdout, "run-mode users see no queue table"
+
+    p = producer(redis_server)
+    for n in range(3):
+        p.send("q-ok", {"n": n})
+    p.send("q-doomed", {"n": 1})
+    p.send("q-doomed", {"n": 2})
+    # A retry waiting out its backoff, and a dead letter, made with Dramatiq's own calls.
+    raw = redis.Redis(port=redis_server.port)
+    broker = make_broker(raw, QueueSettings(namespace=NAMESPACE))
+    broker.enqueue(p.message("q-flaky", {"n": 9}), delay=60_000)
+    consumer = broker.consume("q-doomed", prefetch=1)
+    fetched = next(m for m in consumer if m is not None)
+    consumer.nack(fetched)
+    consumer.close()
+    raw.connection_pool.disconnect()
+    p.close()
+
+    table = cli(env, "status")
+    assert table.returncode == 0, table.stderr
+    rows = {line.split()[0]: line.split()[1:] for line in table.stdout.splitlines()[1:] if line}
+    assert rows["q-ok"] == ["3", "0", "0", "0"]
+    assert rows["q-doomed"] == ["1", "0", "0", "1"]
+    assert rows["q-flaky"] == ["0", "0", "1", "0"]
+
+    as_json = json.loads(cli(env, "status", "-o", "json").stdout)
+    assert {q["queue"]: q["dead"] for q in as_json["queues"]} == {
+        "q-ok": 0, "q-doomed": 1, "q-flaky": 0,
+    }  # fmt: skip
+    one = json.loads(cli(env, "status", "q-ok", "-o", "json").stdout)
+    assert [q["queue"] for q in one["queues"]] == ["q-ok"]
