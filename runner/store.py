@@ -1,18 +1,32 @@
 """The Redis client, built from settings, and calls made under the connect deadline.
 
 Fail closed: a call that cannot reach Redis is retried with exponential backoff and full
-jitter until the deadline, then raises ``StoreUnavailable`` (exit 3).
+jitter until the deadline, then raises ``StoreUnavailable`` (exit 3). A refusal that no retry
+can fix (credentials, ACL, TLS trust) raises ``ConfigError`` (exit 2) at once.
+
+Shapes, from the settings alone: ``redis://``, ``rediss://`` (CA file, optional client
+certificate, hostname checked), ``unix://``, Sentinel and Cluster (docs/reliability.md).
 """
 
 from __future__ import annotations
 
 import random
+import ssl
 import time
 from collections.abc import Callable
 from typing import Any, TypeVar
 
 import redis
-from redis.exceptions import AuthenticationError, BusyLoadingError, ResponseError
+from redis.exceptions import (
+    AuthenticationError,
+    BusyLoadingError,
+    ClusterError,
+    NoPermissionError,
+    ReadOnlyError,
+    RedisClusterException,
+    ResponseError,
+    TryAgainError,
+)
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
@@ -22,9 +36,31 @@ from runner.settings import RedisSettings
 
 T = TypeVar("T")
 
-RETRYABLE = (RedisConnectionError, RedisTimeoutError, BusyLoadingError)
+# Worth another try: the server is away, loading, failing over (a replica that was the
+# primary answers READONLY), or a cluster slot is moving or its node is down (TRYAGAIN,
+# CLUSTERDOWN, and redis-py's ClusterError once its own redirections are exhausted).
+RETRYABLE = (
+    RedisConnectionError,
+    RedisTimeoutError,
+    BusyLoadingError,
+    ReadOnlyError,
+    TryAgainError,
+    ClusterError,
+)
 BACKOFF_BASE_S = 0.05
 BACKOFF_CAP_S = 2.0
+# Redis reports a script's own ACL refusal as a plain error, not as NOPERM.
+_SCRIPT_ACL_REFUSAL = "can't run this command or subcommand"
+# TLS failures that no retry fixes: the server is not the one the CA file vouches for, or it
+# wants a client certificate, or it does not speak TLS at all.
+_TLS_CONFIG_REASONS = {
+    "CERTIFICATE_VERIFY_FAILED",
+    "TLSV13_ALERT_CERTIFICATE_REQUIRED",
+    "SSLV3_ALERT_BAD_CERTIFICATE",
+    "SSLV3_ALERT_CERTIFICATE_UNKNOWN",
+    "TLSV1_ALERT_UNKNOWN_CA",
+    "WRONG_VERSION_NUMBER",
+}
 
 
 def socket_timeout_s(ttl_s: float) -> float:
@@ -46,24 +82,98 @@ def _common_kwargs(settings: RedisSettings, ttl_s: float) -> dict[str, Any]:
     if settings.password:
         kwargs["password"] = settings.password
     if settings.url.startswith("rediss://"):
-        kwargs["ssl_ca_certs"] = settings.tls_ca_file
-        kwargs["ssl_certfile"] = settings.tls_cert_file
-        kwargs["ssl_keyfile"] = settings.tls_key_file
+        kwargs.update(_tls_kwargs(settings))
     return kwargs
 
 
+def _tls_kwargs(settings: RedisSettings) -> dict[str, Any]:
+    # redis-py does not check the server's name by default: any certificate the CA signed
+    # would do. Without a CA file the system's CAs are trusted, so the name is all we have.
+    return {
+        "ssl_cert_reqs": "required",
+        "ssl_check_hostname": True,
+        "ssl_ca_certs": settings.tls_ca_file,
+        "ssl_certfile": settings.tls_cert_file,
+        "ssl_keyfile": settings.tls_key_file,
+    }
+
+
+class SentinelPrimary(redis.Redis):
+    """The primary, as named by the sentinels, asked again at most every ``recheck_s``.
+
+    redis-py asks the sentinels only when it opens a connection, and the old primary keeps
+    answering until Sentinel demotes it, seconds after the switch (never, if Sentinel cannot
+    reach it). A runner renewing there would not see that the new primary lacks its lease.
+    Asking before a command moves the next renewal to the new primary, which refuses it if the
+    key did not replicate: the lease is lost within one renew interval of the switch. If no
+    sentinel answers, the command fails like any unreachable Redis (fail closed).
+    """
+
+    recheck_s: float = 1.0
+    _recheck_at: float = 0.0
+
+    def execute_command(self, *args: Any, **options: Any) -> Any:
+        now = clock.monotonic()
+        if now >= self._recheck_at:
+            self._recheck_at = now + self.recheck_s
+            # Closes idle connections to the old primary when the address changed.
+            self.connection_pool.get_master_address()
+        return super().execute_command(*args, **options)
+
+
+def _cluster_class() -> type[Any]:
+    from redis.cluster import RedisCluster  # noqa: PLC0415 - only for Cluster users
+
+    class Cluster(RedisCluster):
+        """RedisCluster whose "no node reachable" is a ConnectionError, as for one server.
+
+        redis-py raises RedisClusterException (not a RedisError) when it cannot rebuild the
+        slot table, e.g. while every node is restarting: the keeper and the connect deadline
+        must treat that as Redis being away, not as a crash.
+        """
+
+        def execute_command(self, *args: Any, **kwargs: Any) -> Any:
+            try:
+                return super().execute_command(*args, **kwargs)
+            except RedisClusterException as exc:
+                raise RedisConnectionError(f"Redis Cluster: {exc}") from exc
+
+    return Cluster
+
+
 def connect(settings: RedisSettings, ttl_s: float, *, decode_responses: bool = True) -> Any:
-    """A client for the configured shape. No I/O happens here: the first command connects.
+    """A client for the configured shape. No I/O happens here: the first command connects,
+    except for Cluster, whose client reads the slot table at once (under the connect deadline).
 
     ``decode_responses=False`` is for Dramatiq (queue mode), which decodes its own bytes.
     """
     kwargs = _common_kwargs(settings, ttl_s)
     kwargs["decode_responses"] = decode_responses
+    db = _db(settings.url)
     if settings.cluster:
-        from redis.cluster import RedisCluster  # noqa: PLC0415 - only for Cluster users
-
+        if db != 0:
+            raise ConfigError(
+                f"CRON_RUNNER_REDIS_URL={settings.display_url!r}: Redis Cluster has only database 0"
+            )
+        if settings.url.startswith("unix://"):
+            raise ConfigError("CRON_RUNNER_REDIS_CLUSTER: Redis Cluster needs a host, not unix://")
+        cluster_class = _cluster_class()
         kwargs.pop("lib_name"), kwargs.pop("lib_version")
-        return RedisCluster.from_url(settings.url, **kwargs)
+
+        def build() -> Any:
+            try:
+                return cluster_class.from_url(settings.url, **kwargs)
+            except RedisClusterException as exc:
+                raise RedisConnectionError(str(exc)) from exc
+            except ValueError as exc:
+                raise _url_options_refused(settings, exc) from exc
+
+        return with_deadline(
+            build,
+            deadline_s=clock.monotonic() + settings.connect_timeout_s,
+            what="connect",
+            where=settings.display_url,
+        )
     if settings.sentinels:
         from redis.sentinel import Sentinel  # noqa: PLC0415 - only for Sentinel users
 
@@ -73,11 +183,59 @@ def connect(settings: RedisSettings, ttl_s: float, *, decode_responses: bool = T
         }
         if settings.sentinel_password:
             sentinel_kwargs["password"] = settings.sentinel_password
-        db = settings.url.rsplit("/", 1)[-1] if settings.url.count("/") >= 3 else "0"
-        return Sentinel(
+        if settings.url.startswith("rediss://"):
+            # TLS everywhere: sentinels of a TLS deployment listen on TLS ports too.
+            kwargs["ssl"] = True
+            sentinel_kwargs.update(ssl=True, **_tls_kwargs(settings))
+        primary: SentinelPrimary = Sentinel(
             list(settings.sentinels), sentinel_kwargs=sentinel_kwargs, **kwargs
-        ).master_for(settings.sentinel_master, db=int(db or 0))
-    return redis.Redis.from_url(settings.url, **kwargs)
+        ).master_for(settings.sentinel_master, redis_class=SentinelPrimary, db=db)
+        primary.recheck_s = socket_timeout_s(ttl_s)  # below ttl/3: every renewal asks
+        primary._recheck_at = clock.monotonic() + primary.recheck_s  # connecting asks anyway
+        return primary
+    try:
+        return redis.Redis.from_url(settings.url, **kwargs)
+    except ValueError as exc:
+        raise _url_options_refused(settings, exc) from exc
+
+
+def _url_options_refused(settings: RedisSettings, exc: ValueError) -> ConfigError:
+    """redis-py parses the URL's query (``?socket_timeout=...``) itself."""
+    return ConfigError(f"CRON_RUNNER_REDIS_URL={settings.display_url!r}: {exc}")
+
+
+def _db(url: str) -> int:
+    """The database number in the URL's path (settings has checked it is a number)."""
+    if url.startswith("unix://"):
+        return 0
+    path = url.split("://", 1)[-1].partition("/")[2].split("?", 1)[0]
+    return int(path) if path.isdigit() else 0
+
+
+def wait_timeout_ms(ttl_s: float) -> int:
+    """How long WAIT may block: inside the socket timeout, which would otherwise cut it off."""
+    return int(socket_timeout_s(ttl_s) * 0.8 * 1000)
+
+
+def replicas_acknowledged(client: Any, key: str, wanted: int, timeout_ms: int) -> int:
+    """``WAIT wanted timeout_ms`` on the connection and node that wrote ``key``.
+
+    On Cluster, redis-py would send WAIT to every primary and add up the answers; it must go
+    to the node that holds the key's slot, which is where the acquisition was written.
+    """
+    get_node = getattr(client, "get_node_from_key", None)
+    if get_node is None:
+        return int(client.wait(wanted, timeout_ms))
+    return int(client.execute_command("WAIT", wanted, timeout_ms, target_nodes=get_node(key)))
+
+
+def _tls_refusal(exc: BaseException) -> ssl.SSLError | None:
+    cause = exc.__cause__ or exc.__context__
+    if isinstance(cause, ssl.SSLError) and (
+        isinstance(cause, ssl.SSLCertVerificationError) or cause.reason in _TLS_CONFIG_REASONS
+    ):
+        return cause
+    return None
 
 
 def with_deadline(
@@ -88,23 +246,36 @@ def with_deadline(
     where: str,
     sleep: Callable[[float], None] = time.sleep,
 ) -> T:
-    """Run ``call`` until it succeeds or ``deadline_s`` (monotonic) passes."""
+    """Run ``call`` until it succeeds or ``deadline_s`` (monotonic) passes.
+
+    Retries what may pass (RETRYABLE); refusals of the configuration raise ``ConfigError``;
+    any other error answer from Redis raises ``StoreUnavailable`` without a retry.
+    """
     attempt = 0
     while True:
         try:
             return call()
         except AuthenticationError as exc:
             raise ConfigError(f"Redis at {where} refused the credentials: {exc}") from exc
-        except ResponseError as exc:
-            if str(exc).startswith("NOPERM"):
-                raise ConfigError(
-                    f"Redis at {where}: the ACL user lacks a permission: {exc}"
-                ) from exc
-            raise
+        except NoPermissionError as exc:
+            raise ConfigError(f"Redis at {where}: the ACL user lacks a permission: {exc}") from exc
         except RETRYABLE as exc:
+            tls = _tls_refusal(exc)
+            if tls is not None:
+                raise ConfigError(
+                    f"Redis at {where}: TLS refused ({tls.reason}): check "
+                    "CRON_RUNNER_REDIS_TLS_CA_FILE, _TLS_CERT_FILE/_TLS_KEY_FILE and that the "
+                    "server's certificate names the host in CRON_RUNNER_REDIS_URL"
+                ) from exc
             remaining = deadline_s - clock.monotonic()
             if remaining <= 0:
                 raise StoreUnavailable(f"{what}: Redis at {where} unreachable: {exc}") from exc
             backoff = random.uniform(0, min(BACKOFF_CAP_S, BACKOFF_BASE_S * 2**attempt))
             sleep(min(remaining, backoff))
             attempt += 1
+        except ResponseError as exc:
+            if _SCRIPT_ACL_REFUSAL in str(exc):
+                raise ConfigError(
+                    f"Redis at {where}: the ACL user lacks a command the lease scripts use: {exc}"
+                ) from exc
+            raise StoreUnavailable(f"{what}: Redis at {where} answered an error: {exc}") from exc

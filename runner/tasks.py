@@ -155,7 +155,7 @@ def _marked(module: ModuleType) -> Iterable[tuple[str, TaskFn]]:
 def _import(module_name: str, origin: str) -> ModuleType:
     try:
         return importlib.import_module(module_name)
-    except ImportError as exc:
+    except (ImportError, TypeError, ValueError) as exc:  # '..' is a relative import: TypeError
         raise ConfigError(f"{origin}: cannot import module {module_name!r}: {exc}") from exc
 
 
