@@ -31,7 +31,7 @@ NAMESPACE = "cron-system"
 # Helm's install order, so that `kubectl apply -f` creates the Namespace before what goes in it.
 KIND_ORDER = [
     "Namespace", "NetworkPolicy", "ServiceAccount", "Secret", "ConfigMap", "Service",
-    "StatefulSet", "CronJob",
+    "StatefulSet", "CronJob", "Deployment", "PodDisruptionBudget",
 ]  # fmt: skip
 
 

@@ -27,6 +27,8 @@ EXPECTED_CI_FILES = {
     "05-sentinel-values.yaml",
     "06-bundled-redis-networkpolicy-values.yaml",
     "07-zero-values.yaml",
+    "08-queue-mode-workers-values.yaml",
+    "09-queue-bundled-redis-values.yaml",
 }
 
 

@@ -303,14 +303,16 @@ def assert_restricted(doc: Manifest, uid: int) -> None:
 def test_every_pod_is_restricted(chart: Chart) -> None:
     checked = set()
     for _, rendered in all_renders(chart):
-        for doc in rendered.of_kind("CronJob") + rendered.of_kind("Pod"):
+        for doc in (
+            rendered.of_kind("CronJob") + rendered.of_kind("Pod") + rendered.of_kind("Deployment")
+        ):
             assert_restricted(doc, 10001)
             checked.add(doc["kind"])
         for doc in rendered.of_kind("StatefulSet"):
             # The official redis image's own user.
             assert_restricted(doc, 999)
             checked.add(doc["kind"])
-    assert checked == {"CronJob", "Pod", "StatefulSet"}
+    assert checked == {"CronJob", "Pod", "StatefulSet", "Deployment"}
 
 
 def test_created_namespace_enforces_restricted(chart: Chart) -> None:
@@ -397,7 +399,8 @@ def test_no_plaintext_password_anywhere(chart: Chart) -> None:
         for doc in rendered.docs:
             if doc["kind"] == "Secret":
                 continue
-            spec = pod_spec(doc) if doc["kind"] in ("CronJob", "Pod", "StatefulSet") else None
+            kinds = ("CronJob", "Pod", "StatefulSet", "Deployment")
+            spec = pod_spec(doc) if doc["kind"] in kinds else None
             for c in spec["containers"] if spec else []:
                 for env in c.get("env", []):
                     if "PASSWORD" in env["name"] or env["name"] == "REDISCLI_AUTH":

@@ -42,7 +42,7 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 
 {{/* Components the chart itself uses; no task may take these names. */}}
 {{- define "cron-runner.reservedComponents" -}}
-{{- list "bundled-redis" "connection-test" "watchdog" | toJson }}
+{{- list "bundled-redis" "connection-test" "watchdog" "worker" | toJson }}
 {{- end }}
 
 {{/*
@@ -303,6 +303,9 @@ Call with (dict "root" $ "task" $task).
 {{- end }}
 {{- if and $hasTask $task.args }}
 {{- fail (printf "task %q: args go with command only; `cron-runner run` takes no arguments for a registered task (pass settings through env)" $name) }}
+{{- end }}
+{{- if and $hasCommand (eq (toString (default .root.Values.runner.mode $task.mode)) "enqueue") }}
+{{- fail (printf "task %q: mode enqueue needs task (a registered task name): workers run registered tasks, not commands; set mode: run for this task" $name) }}
 {{- end }}
 {{- if and $hasCommand (not (kindIs "slice" $task.command)) }}
 {{- fail (printf "task %q: command must be a list, e.g. [php, artisan, report:send]" $name) }}
