@@ -1,0 +1,101 @@
+"""What the fault tests share: starting a second holder until it takes over, reading the
+runner's log lines and the tasks' ticks, and the checks every row makes."""
+
+from __future__ import annotations
+
+import sqlite3
+import subprocess
+import time
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from tests.helpers.proc import events, outcome, run, spawn
+from tests.helpers.ticker import Tick, read_ticks
+
+LEASE = "cron-runner:{default:%s}:lease"
+DOCUMENTED_EXIT_CODES = {0, 1, 2, 3, 4, 143}
+
+
+def event_time(stderr: str, name: str) -> float:
+    """Wall time of the runner's first ``name`` event (its JSON ``ts``, millisecond precision)."""
+    for e in events(stderr):
+        if e.get("event") == name:
+            return (
+                datetime.strptime(e["ts"], "%Y-%m-%dT%H:%M:%S.%fZ").replace(tzinfo=UTC).timestamp()
+            )
+    raise AssertionError(f"no {name!r} event in:\n{stderr}")
+
+
+def event(stderr: str, name: str) -> dict[str, Any]:
+    found = [e for e in events(stderr) if e.get("event") == name]
+    assert found, f"no {name!r} event in:\n{stderr}"
+    return found[0]
+
+
+def assert_clean(stderr: str) -> None:
+    """A documented outcome, never a crash."""
+    assert "Traceback" not in stderr, stderr
+
+
+def run_until_ran(
+    args: list[str], env: dict[str, str], *, timeout_s: float = 30
+) -> tuple[subprocess.CompletedProcess[str], list[str]]:
+    """Start the same run again and again, as a CronJob's retries would, until one runs the
+    task. Returns that run and the outcomes of the runs before it."""
+    before: list[str] = []
+    deadline = time.monotonic() + timeout_s
+    while True:
+        res = run(args, env)
+        assert_clean(res.stderr)
+        got = outcome(res.stderr) or f"exit {res.returncode}"
+        if got == "ran":
+            return res, before
+        before.append(got)
+        assert time.monotonic() < deadline, f"no run took over within {timeout_s} s: {before}"
+        time.sleep(0.05)
+
+
+def start_when_free(
+    args: list[str], env: dict[str, str], ticks: Path, label: str, *, timeout_s: float = 30
+) -> tuple[subprocess.Popen[str], list[str]]:
+    """Like ``run_until_ran``, but returns the run that took over while its task is running
+    (once it has ticked)."""
+    before: list[str] = []
+    deadline = time.monotonic() + timeout_s
+    while True:
+        proc = spawn(args, env)
+        while proc.poll() is None and not read_ticks(ticks, label):
+            time.sleep(0.01)
+        if read_ticks(ticks, label):
+            return proc, before
+        _, stderr = proc.communicate()
+        assert_clean(stderr)
+        before.append(outcome(stderr) or f"exit {proc.returncode}")
+        assert time.monotonic() < deadline, f"no run took over within {timeout_s} s: {before}"
+        time.sleep(0.05)
+
+
+def overlap_ms(first: list[Tick], second: list[Tick]) -> float:
+    """How long the first holder's task kept ticking after the second's started (> 0: both
+    ran at once); negative: the gap between them."""
+    return round((max(t.t for t in first) - min(t.t for t in second)) * 1000, 1)
+
+
+def sink_writes(sink: Path) -> list[tuple[str, int]]:
+    """(label, fence) of every write the fenced sink accepted, in commit order."""
+    db = sqlite3.connect(sink)
+    try:
+        return [(str(label), int(fence)) for label, fence in db.execute(
+            "SELECT label, fence FROM writes ORDER BY rowid")]  # fmt: skip
+    finally:
+        db.close()
+
+
+def stale_writes_accepted(sink: Path, stale: str, newer: str) -> int:
+    """Writes by ``stale`` that the sink accepted after its first write by ``newer``."""
+    writes = sink_writes(sink)
+    labels = [label for label, _ in writes]
+    if newer not in labels:
+        return 0
+    return labels[labels.index(newer) :].count(stale)

@@ -1,0 +1,92 @@
+"""Fault matrix row 5: Redis Cluster (3 primaries, ``redis-cli --cluster create``) with the
+task's hash slot moved to another node while the task runs: the whole move (MOVED), and a
+move caught halfway (ASK for a key already moved, TRYAGAIN for a script whose keys are split).
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+from redis.crc import key_slot
+
+from runner.keys import TaskKeys
+from tests.fault.common import LEASE, assert_clean, event
+from tests.fault.conftest import Figure
+from tests.helpers.proc import events, outcome, run, runner_env, spawn
+from tests.helpers.ticker import read_ticks, ticker_command
+from tests.helpers.topologies import ClusterTopology
+from tests.helpers.wait import wait_for
+
+SCHEDULE = "0 0 * * *"
+
+
+def _env(cluster: ClusterTopology) -> dict[str, str]:
+    return runner_env(cluster.url, CRON_RUNNER_REDIS_CLUSTER="true", CRON_RUNNER_LEASE_TTL="3s",
+                      CRON_RUNNER_SCHEDULE=SCHEDULE)  # fmt: skip
+
+
+def _exec(name: str, holder: str, command: list[str]) -> list[str]:
+    return ["exec", "--name", name, "--holder", holder, "--", *command]
+
+
+def test_row5a_slot_moved_to_another_node_mid_run_the_run_follows_it(
+    tmp_path: Path, figure: Figure
+) -> None:
+    ticks = tmp_path / "ticks"
+    with ClusterTopology() as cluster:
+        env = _env(cluster)
+        slot = key_slot((LEASE % "moving").encode())
+        source = cluster.owner_of_slot(slot)
+        target = next(n for n in cluster.nodes if n is not source)
+        a = spawn(_exec("moving", "pod-a", ticker_command(ticks, "a", seconds=4)), env)
+        wait_for(lambda: read_ticks(ticks, "a"), what="A's task to start")
+        moved = cluster.migrate_slot(slot, target)
+        b = run(_exec("moving", "pod-b", ticker_command(ticks, "b")), env)
+        _, a_err = a.communicate(timeout=30)
+        assert_clean(a_err)
+        assert_clean(b.stderr)
+        assert (a.returncode, outcome(a_err)) == (0, "ran"), a_err
+        assert (b.returncode, outcome(b.stderr)) == (0, "skipped_held"), b.stderr
+        assert cluster.owner_of_slot(slot) is target
+        assert target.client().keys("cron-runner:{default:moving}:slot:*")
+        assert not source.client().keys("cron-runner:{default:moving}:*")
+    assert moved >= 2  # the lease and the fence at least
+    assert not read_ticks(ticks, "b")
+    figure("5a", duplicates=0, overlap_ms=0, keys_moved=moved,
+           exit_codes={"a": a.returncode, "b": b.returncode})  # fmt: skip
+
+
+def test_row5b_slot_caught_halfway_ask_and_tryagain_are_retried(
+    tmp_path: Path, figure: Figure
+) -> None:
+    """The lease key is on the new node, the fence still on the old: renewals (one key) are
+    redirected with ASK; an acquisition (lease + fence) gets TRYAGAIN and is retried under the
+    connect deadline until the move completes, then finds the lease held."""
+    ticks = tmp_path / "ticks"
+    keys = TaskKeys("cron-runner", "default", "halfway")
+    with ClusterTopology() as cluster:
+        env = _env(cluster)
+        slot = key_slot(keys.lease.encode())
+        target = next(n for n in cluster.nodes if n is not cluster.owner_of_slot(slot))
+        a = spawn(_exec("halfway", "pod-a", ticker_command(ticks, "a", seconds=4)), env)
+        wait_for(lambda: read_ticks(ticks, "a"), what="A's task to start")
+        source = cluster.begin_migration(slot, target)
+        cluster.move_keys(slot, source, target, only=[keys.lease])
+        b = spawn(_exec("halfway", "pod-b", ticker_command(ticks, "b")), env)
+        time.sleep(1.5)  # A renews through ASK; B's acquisition meets TRYAGAIN
+        b_waiting = b.poll() is None
+        cluster.move_keys(slot, source, target)
+        cluster.finish_migration(slot, target)
+        _, a_err = a.communicate(timeout=30)
+        _, b_err = b.communicate(timeout=30)
+    assert_clean(a_err)
+    assert_clean(b_err)
+    assert (a.returncode, outcome(a_err)) == (0, "ran"), a_err
+    assert (b.returncode, outcome(b_err)) == (0, "skipped_held"), b_err
+    assert b_waiting
+    assert not [e for e in events(a_err) if e.get("event") == "lease_lost"]
+    assert not read_ticks(ticks, "b")
+    figure("5b", duplicates=0, overlap_ms=0, contender_waited_for_the_move=b_waiting,
+           fence=event(a_err, "acquired")["fence"],
+           exit_codes={"a": a.returncode, "b": b.returncode})  # fmt: skip

@@ -1,0 +1,140 @@
+"""Fault matrix row 9: bad and hostile input. Settings from arbitrary environment values, and
+task names and keys (huge, unicode, braces that would break the hash tag, control characters,
+lone surrogates as os.environ holds undecodable bytes): either accepted and safe, or refused
+with ConfigError (exit 2). Never another exception, never a traceback."""
+
+from __future__ import annotations
+
+import subprocess
+import time
+from pathlib import Path
+from urllib.parse import urlsplit
+
+import pytest
+from hypothesis import HealthCheck, example, given, settings
+from hypothesis import strategies as st
+from redis.crc import key_slot
+
+from runner import store
+from runner.errors import ConfigError
+from runner.execution import resolve_slot, retention_s
+from runner.keys import TaskKeys
+from runner.settings import load_settings
+from runner.tasks import Registry
+from tests.fault.conftest import Figure
+from tests.helpers.proc import CRON_RUNNER, runner_env
+
+VARIABLES = [
+    "REDIS_URL", "REDIS_USERNAME", "REDIS_PASSWORD", "REDIS_TLS_CA_FILE", "REDIS_TLS_CERT_FILE",
+    "REDIS_TLS_KEY_FILE", "REDIS_SENTINELS", "REDIS_SENTINEL_MASTER", "REDIS_SENTINEL_PASSWORD",
+    "REDIS_CLUSTER", "REDIS_MIN_REPLICAS", "KEY_PREFIX", "LEASE_TTL", "CONNECT_TIMEOUT",
+    "SKEW_TOLERANCE", "SLOT_RETENTION", "SHUTDOWN_GRACE", "TASK_MODULES", "MODE", "SCHEDULE",
+    "TIMEZONE", "JOB_NAME", "CRONJOB_NAME", "HOLDER", "SCOPE", "LOG_FORMAT", "LOG_LEVEL",
+]  # fmt: skip
+
+# Values a fuzzer rarely finds on its own: the edges of each parser.
+EDGES = [
+    "", " ", "0", "-1", "1e400", "9" * 400, "9" * 5000, "0.0001", "1ms", "500ms", "1h", "nan",
+    "inf", "²", "١٢", "true", "TRUE", "yes", "maybe", "redis://", "redis://h:0/0",
+    "redis://h:99999/0", "redis://[::1", "redis://[::1]:6379/0", "redis://h/0?socket_timeout=x",
+    "redis://h:6379/x", "rediss://h", "unix://", "unix:///tmp/s.sock", "http://h",
+    "redis://u:p@h:1/2", "a:1,b:2", "a:x", ":1", "h:", "h:1,,", "* * * * *", "61 * * * *",
+    "*/5 * * * *", "@hourly", "0 0 31 2 *", "UTC", "Europe/Berlin", "../../etc/passwd",
+    "/etc/passwd", "Etc/GMT+99", "{x}", "a{b}c", "a}b{", "x" * 300, "é", "任务", "a\nb",
+    "a\tb", "\udcff", "a\udc80b", "report-29000000", "report-", "-", "run", "enqueue",
+]  # fmt: skip
+
+hostile_text = st.one_of(
+    st.sampled_from(EDGES),
+    st.text(st.characters(exclude_characters="\x00"), max_size=80),
+    st.text(st.characters(codec="ascii", exclude_characters="\x00"), max_size=12),
+)
+
+
+def _safe_to_use(env: dict[str, str]) -> None:
+    """What the CLI does with settings before a run, everything but the network: each step
+    either works or raises ConfigError."""
+    try:
+        s = load_settings(env)
+        assert s.lease.ttl_ms > 0
+        assert urlsplit(s.redis.display_url).password is None
+        TaskKeys(s.lease.prefix, s.lease.scope, "task").all_keys()
+        retention_s(s)
+        resolve_slot(s, time.time())
+        if not s.redis.cluster:  # Cluster's client reads the slot table at once: that is I/O
+            store.connect(s.redis, s.lease.ttl_s).close()
+    except ConfigError:
+        return
+
+
+@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.dictionaries(st.sampled_from(VARIABLES), hostile_text, max_size=6))
+@example({"LEASE_TTL": "9" * 400})
+@example({"REDIS_MIN_REPLICAS": "²"})
+@example({"REDIS_URL": "redis://[::1"})
+@example({"REDIS_URL": "redis://h/0?socket_timeout=x"})
+@example({"SCHEDULE": "* * * * *", "SKEW_TOLERANCE": "9" * 400})
+def test_row9_settings_from_any_environment_are_usable_or_a_config_error(
+    values: dict[str, str],
+) -> None:
+    _safe_to_use({"CRON_RUNNER_" + k: v for k, v in values.items()})
+
+
+@settings(max_examples=400, deadline=None)
+@given(hostile_text)
+@example("x" * 100_000)
+@example("{default:other}")
+@example("a}{b")
+def test_row9_task_names_are_refused_or_keep_one_hash_tag(name: str) -> None:
+    try:
+        keys = TaskKeys("cron-runner", "default", name)
+    except ConfigError:
+        return
+    for key in keys.all_keys(1_700_000_000):
+        assert key.count("{") == key.count("}") == 1
+        assert len(key) < 200
+    assert len({key_slot(k.encode()) for k in keys.all_keys(1_700_000_000)}) == 1
+    assert Registry().names() == []
+    with pytest.raises(ConfigError):
+        Registry().resolve(name)
+
+
+@pytest.mark.parametrize(
+    "reference", ["..:x", ".:x", ":x", "x:", "-:x", "a b:c", "tests..sample_tasks:ok",
+                  "tests.sample_tasks:nope", "tests.sample_tasks:", "\udcff:x"],
+)  # fmt: skip
+def test_row9_task_references_are_resolved_or_a_config_error(reference: str) -> None:
+    with pytest.raises(ConfigError):
+        Registry().resolve(reference)
+
+
+CLI_CASES = {
+    "huge name": (["exec", "--name", "x" * 100_000, "--", "true"], {}),
+    "unicode name": (["exec", "--name", "任务", "--", "true"], {}),
+    "braces": (["exec", "--name", "{default:other}", "--", "true"], {}),
+    "newline": (["exec", "--name", "a\nb", "--", "true"], {}),
+    "dash name": (["exec", "--name", "-x", "--", "true"], {}),
+    "unknown task": (["run", "{x}"], {}),
+    "bad reference": (["run", "..:x"], {}),
+    "huge ttl": (["exec", "--name", "x", "--", "true"], {"CRON_RUNNER_LEASE_TTL": "9" * 400}),
+    "superscript": (["exec", "--name", "x", "--", "true"], {"CRON_RUNNER_REDIS_MIN_REPLICAS": "²"}),
+    "broken ipv6": (["exec", "--name", "x", "--", "true"], {"CRON_RUNNER_REDIS_URL": "redis://[::1"}),
+    "url option": (["exec", "--name", "x", "--", "true"],
+                   {"CRON_RUNNER_REDIS_URL": "redis://h/0?socket_timeout=x"}),
+    "prefix braces": (["exec", "--name", "x", "--", "true"], {"CRON_RUNNER_KEY_PREFIX": "{p}"}),
+}  # fmt: skip
+
+
+def test_row9_hostile_input_through_the_cli_exits_2_without_a_traceback(
+    tmp_path: Path, figure: Figure
+) -> None:
+    codes = {}
+    for case, (args, extra) in CLI_CASES.items():
+        env = runner_env("redis://127.0.0.1:1/0", CRON_RUNNER_CONNECT_TIMEOUT="200ms", **extra)
+        res = subprocess.run([CRON_RUNNER, *args], env=env, capture_output=True, text=True,
+                             timeout=60)  # fmt: skip
+        assert "Traceback" not in res.stderr, (case, res.stderr)
+        assert res.returncode == 2, (case, res.stderr)
+        codes[case] = res.returncode
+    figure("9", duplicates=0, overlap_ms=0, hypothesis_examples=800 + 10,
+           cli_cases=len(codes), exit_codes=sorted(set(codes.values())))  # fmt: skip

@@ -1,0 +1,154 @@
+"""Fault matrix row 4: a Sentinel failover forced while a task runs. 1 primary, 1 replica and
+3 sentinels, all real (Debian's redis-server and redis-sentinel); the runners find the primary
+through the sentinels only (CRON_RUNNER_REDIS_SENTINELS)."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+from runner.devserver import free_port
+from tests.fault.common import (
+    LEASE,
+    assert_clean,
+    event,
+    overlap_ms,
+    run_until_ran,
+    start_when_free,
+)
+from tests.fault.conftest import Figure
+from tests.helpers.proc import outcome, run, runner_env, spawn
+from tests.helpers.tcpproxy import TcpProxy
+from tests.helpers.ticker import read_ticks, ticker_command
+from tests.helpers.topologies import SentinelTopology
+from tests.helpers.wait import wait_for
+
+SCHEDULE = "0 0 * * *"
+
+
+def _env(topology: SentinelTopology, **extra: str) -> dict[str, str]:
+    return runner_env(
+        "redis://ignored.invalid:6379/0",
+        CRON_RUNNER_REDIS_SENTINELS=topology.sentinel_env,
+        CRON_RUNNER_REDIS_SENTINEL_MASTER=topology.master_name,
+        CRON_RUNNER_LEASE_TTL="3s",
+        **extra,
+    )
+
+
+def _exec(name: str, holder: str, command: list[str]) -> list[str]:
+    return ["exec", "--name", name, "--holder", holder, "--", *command]
+
+
+def test_row4a_failover_mid_run_with_min_replicas_1_the_lease_survives(
+    tmp_path: Path, figure: Figure
+) -> None:
+    ticks = tmp_path / "ticks"
+    with SentinelTopology() as topology:
+        env = _env(topology, CRON_RUNNER_REDIS_MIN_REPLICAS="1", CRON_RUNNER_SCHEDULE=SCHEDULE)
+        old_port = topology.master_port()
+        # Longer than the TTL: renewals must reach the new primary for the run to finish.
+        a = spawn(_exec("failover", "pod-a", ticker_command(ticks, "a", seconds=5)), env)
+        wait_for(lambda: read_ticks(ticks, "a"), what="A's task to start")
+        new_port = topology.failover()
+        assert new_port != old_port
+        # A contender that asks the sentinels now lands on the new primary: the lease is there.
+        b = run(_exec("failover", "pod-b", ticker_command(ticks, "b")), env)
+        assert (b.returncode, outcome(b.stderr)) == (0, "skipped_held"), b.stderr
+        _, a_err = a.communicate(timeout=30)
+        assert_clean(a_err)
+        assert (a.returncode, outcome(a_err)) == (0, "ran"), a_err
+        # The run completed on the new primary: its slot marker is there, the fence goes on.
+        new_primary = topology.server_on(new_port).client()
+        assert new_primary.keys("cron-runner:{default:failover}:slot:*")
+        assert new_primary.get(LEASE % "failover") is None
+        # No MIN_REPLICAS: the old primary has not rejoined as a replica yet (row 4c).
+        c = run(
+            _exec("failover", "pod-c", ["true"]),
+            {**env, "CRON_RUNNER_SCHEDULE": "", "CRON_RUNNER_REDIS_MIN_REPLICAS": "0"},
+        )
+        assert event(c.stderr, "acquired")["fence"] == event(a_err, "acquired")["fence"] + 1
+    assert not read_ticks(ticks, "b")
+    figure(
+        "4a",
+        duplicates=0,
+        overlap_ms=0,
+        contender_during_failover=outcome(b.stderr),
+        exit_codes={"a": a.returncode, "b": b.returncode},
+    )
+
+
+def test_row4b_failover_without_replica_acks_loses_the_lease_and_shows_the_window(
+    tmp_path: Path, figure: Figure
+) -> None:
+    """The replica receives nothing (its replication link goes through a proxy that black-holes
+    it, while the link still looks up), then it is promoted. With MIN_REPLICAS=1 the run is
+    refused before it starts; with 0 it runs, the key is lost in the failover, a second holder
+    starts on the new primary, and the first learns it at its next renewal and stops."""
+    ticks = tmp_path / "ticks"
+    primary_port = free_port()
+    with (
+        TcpProxy(primary_port) as link,
+        SentinelTopology(primary_port=primary_port, replica_upstream_port=link.port) as topology,
+    ):
+        env = _env(topology)
+        assert run(_exec("window", "warm", ["true"]), env).returncode == 0  # fence 1, replicated
+        link.blackhole()
+
+        refused = run(_exec("window", "pod-r", ticker_command(ticks, "r")),
+                      {**env, "CRON_RUNNER_REDIS_MIN_REPLICAS": "1"})  # fmt: skip
+        assert_clean(refused.stderr)
+        assert refused.returncode == 3, refused.stderr
+        assert "only 0 of 1 replicas acknowledged" in refused.stderr
+        assert not read_ticks(ticks, "r")
+
+        a = spawn(_exec("window", "pod-a", ticker_command(ticks, "a")), env)
+        wait_for(lambda: read_ticks(ticks, "a"), what="A's task to start")
+        topology.failover()
+        b, before = start_when_free(
+            _exec("window", "pod-b", ticker_command(ticks, "b", seconds=1.5)), env, ticks, "b"
+        )
+        _, a_err = a.communicate(timeout=30)
+        _, b_err = b.communicate(timeout=30)
+    assert_clean(a_err)
+    assert_clean(b_err)
+    assert (a.returncode, outcome(a_err)) == (4, "lease_lost"), a_err
+    assert "renew refused: not the lease owner (lease is held by pod-b)" in a_err
+    assert (b.returncode, outcome(b_err)) == (0, "ran"), b_err
+    fences = (event(a_err, "acquired")["fence"], event(b_err, "acquired")["fence"])
+    # The INCRs were lost with the key: B's fence is not above A's (here 2 after A's 3; the
+    # refused run's 2 and A's 3 never reached the replica).
+    assert fences[1] <= fences[0], fences
+    overlap = overlap_ms(read_ticks(ticks, "a"), read_ticks(ticks, "b"))
+    # The window: from B's start to A's next renewal (every ttl/3 = 1 s), plus the kill.
+    assert overlap <= 1000 + 1000, overlap
+    figure(
+        "4b",
+        duplicates=1 if overlap > 0 else 0,
+        overlap_ms=max(overlap, 0),
+        fences=fences,
+        refused_with_min_replicas_1=refused.returncode,
+        b_waited_for=before,
+        exit_codes={"a": a.returncode, "b": b.returncode, "min_replicas_1": refused.returncode},
+    )
+
+
+def test_row4c_after_a_failover_min_replicas_refuses_runs_until_a_replica_is_back(
+    tmp_path: Path, figure: Figure
+) -> None:
+    """With one replica and MIN_REPLICAS=1, the new primary has no replica until Sentinel has
+    demoted the old one and it has resynced: until then every run is refused (exit 3, task not
+    run) and retried, as a Job retries. Then runs go on, the fence still going up."""
+    with SentinelTopology() as topology:
+        env = _env(topology, CRON_RUNNER_REDIS_MIN_REPLICAS="1")
+        first, _ = run_until_ran(_exec("follow", "pod-a", ["true"]), env)
+        topology.failover()
+        switched_at = time.monotonic()
+        second, refusals = run_until_ran(_exec("follow", "pod-b", ["true"]), env, timeout_s=60)
+        refused_s = round(time.monotonic() - switched_at, 1)
+        fences = [event(x.stderr, "acquired")["fence"] for x in (first, second)]
+    assert set(refusals) <= {"exit 3"}, refusals
+    assert fences[1] > fences[0]
+    figure("4c", duplicates=0, overlap_ms=0, runs_refused=len(refusals),
+           refused_for_s=refused_s, fences=fences,
+           exit_codes={"refused": 3, "after": second.returncode})  # fmt: skip
