@@ -563,7 +563,7 @@ class DeadLetter:
     task: str
     queue: str
     dead_at: float
-    retries: int
+    attempts: int  # runs that failed: the first and every retry
     slot: int | None
     error: str
     raw: dict[str, Any] = field(repr=False)
@@ -604,7 +604,7 @@ def dead_letters(
                 task=str(data.get("actor_name", "")),
                 queue=queue,
                 dead_at=float(score) / 1000,
-                retries=int(options.get("retries", 0)),
+                attempts=int(options.get("retries", 0)),
                 slot=kwargs.get("slot"),
                 error=_last_line(str(options.get("traceback", ""))),
                 raw=data,

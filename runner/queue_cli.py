@@ -168,11 +168,11 @@ def cmd_dlq(args: argparse.Namespace, settings: Settings) -> int:
                 out.write(f"no dead letters for task {args.task} (queue {task_queue})\n")
                 return 0
             out.write(
-                f"{'MESSAGE ID':<36}  {'DEAD SINCE':<20}  {'RETRIES':>7}  {'SLOT':<20}  ERROR\n"
+                f"{'MESSAGE ID':<36}  {'DEAD SINCE':<20}  {'ATTEMPTS':>8}  {'SLOT':<20}  ERROR\n"
             )
             for d in letters:
                 slot = queue.utc(d.slot) if isinstance(d.slot, int) else "manual"
-                out.write(f"{d.message_id:<36}  {queue.utc(d.dead_at):<20}  {d.retries:>7}  "
+                out.write(f"{d.message_id:<36}  {queue.utc(d.dead_at):<20}  {d.attempts:>8}  "
                           f"{slot:<20}  {d.error[:120]}\n")  # fmt: skip
             return 0
         if args.dlq_action == "show":

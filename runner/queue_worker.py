@@ -34,6 +34,7 @@ from typing import Any
 import dramatiq
 from dramatiq.broker import Broker, MessageProxy
 from dramatiq.brokers.redis import RedisBroker
+from dramatiq.common import q_name
 from dramatiq.middleware import Middleware, Retries, TimeLimit
 from redis.exceptions import RedisError
 
@@ -59,6 +60,12 @@ RAN = "ran"
 FAILED = "failed"
 REQUEUED = "requeued"
 _STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+# KEYS: the dead-letter hash   ARGV: id, message. Only while it is still there (not purged).
+_REFRESH_DEAD = """
+if redis.call('HEXISTS', KEYS[1], ARGV[1]) == 1 then
+  redis.call('HSET', KEYS[1], ARGV[1], ARGV[2])
+end
+"""
 
 
 def cancel_after_s(grace_s: float) -> float:
@@ -128,6 +135,20 @@ class Runtime(Middleware):
                    "message_id": message.message_id, "attempt": message.options.get("retries", 0),
                    "queue": message.queue_name, "holder": self.worker_id},
         )  # fmt: skip
+
+    def after_nack(self, broker: Broker, message: MessageProxy) -> None:
+        """Dramatiq dead-letters the message as it was last enqueued, one failure behind: write
+        the final attempt count and traceback over it, so ``dlq`` shows the error that ended it."""
+        client: Any = broker.client  # type: ignore[attr-defined]
+        dead = f"{broker.namespace}:{q_name(message.queue_name)}.XQ.msgs"  # type: ignore[attr-defined]
+        try:
+            client.eval(
+                _REFRESH_DEAD, 1, dead, message.options["redis_message_id"], message.encode()
+            )
+        except RedisError as exc:
+            log.warning(
+                f"could not record the final error: {exc}", extra={"event": "record_failed"}
+            )
 
     def after_worker_shutdown(self, broker: Broker, worker: dramatiq.Worker) -> None:
         """Whatever still runs after the grace goes back to its queue before the process exits."""
@@ -241,7 +262,7 @@ class Actors:
                 raise
             # Stopped for the shutdown: a copy goes back with the same retry count, then this
             # one is acknowledged. A crash in between runs it twice, never zero times.
-            self.broker.enqueue(message._message.copy())
+            self.broker.enqueue(message.copy())
             self.runtime.requeued += 1
             self._finish(run, REQUEUED, None)
             return

@@ -98,6 +98,16 @@ def stubborn(ctx: RunContext) -> None:
     effect(ctx, "ran")
 
 
+@task("q-overtime", retries=0, time_limit="300ms")
+def overtime(ctx: RunContext) -> None:
+    """Runs past its time limit: the worker interrupts it."""
+    effect(ctx, "start")
+    end = time.monotonic() + 10
+    while time.monotonic() < end:
+        time.sleep(0.01)
+    effect(ctx, "ran")
+
+
 @task("scale-job")
 def scale_job(ctx: RunContext) -> None:
     """The seed's §9 job: almost no work, so the broker's cost is what is measured."""

@@ -8,6 +8,8 @@ and `dlq retry` runs it again; a graceful stop finishes or puts back the running
 from __future__ import annotations
 
 import json
+import os
+import signal
 import statistics
 import time
 from collections.abc import Iterator
@@ -183,7 +185,7 @@ def test_always_failing_job_lands_in_the_dlq_and_dlq_retry_runs_it(
     assert doomed_id in listed.stdout
     assert "ValueError: doomed: the dependency is still broken" in listed.stdout
     row = next(line for line in listed.stdout.splitlines() if doomed_id in line)
-    assert row.split()[2] == "2"  # retries
+    assert row.split()[2] == "3"  # attempts: the first run and two retries
 
     shown = cli(env, "dlq", "show", "q-doomed", doomed_id)
     assert shown.returncode == 0, shown.stderr
@@ -337,3 +339,59 @@ def test_status_shows_depth_delayed_and_dead_per_queue(
     }  # fmt: skip
     one = json.loads(cli(env, "status", "q-ok", "-o", "json").stdout)
     assert [q["queue"] for q in one["queues"]] == ["q-ok"]
+
+
+# --- time limit, processes ------------------------------------------------------------------
+
+
+def test_a_job_over_its_time_limit_is_interrupted(
+    redis_server: RedisServer, r: redis.Redis, workers: list[WorkerProc]
+) -> None:
+    # q-overtime: time_limit=300ms, retries=0; Dramatiq checks deadlines once a second.
+    p = producer(redis_server)
+    p.send("q-overtime")
+    p.close()
+    start_worker(workers, queue_env(redis_server))
+    wait_for(lambda: stats(r, "q-overtime").dead == 1, 30, "the job to be dead-lettered")
+    assert not effects(r, "ran")
+    listed = cli(queue_env(redis_server), "dlq", "list", "q-overtime").stdout
+    assert "TimeLimitExceeded" in listed
+
+
+def test_processes_share_the_work_and_stop_together(
+    redis_server: RedisServer, r: redis.Redis, workers: list[WorkerProc]
+) -> None:
+    env = queue_env(redis_server)
+    w = WorkerProc({**env, "CRON_RUNNER_HOLDER": "pod"}, "--processes", "2", "--threads", "1")
+    workers.append(w)
+    wait_for(lambda: len(w.events("worker_ready")) == 2, 20, "both worker processes")
+    assert {e["holder"] for e in w.events("worker_ready")} == {"pod#0", "pod#1"}
+    p = producer(redis_server)
+    for n in range(20):
+        p.send("q-sleep", {"seconds": 0.05, "n": n})
+    p.close()
+    wait_for(lambda: len(effects(r, "ran")) == 20, 30, "every job")
+    assert {e["holder"] for e in effects(r, "ran")} == {"pod#0", "pod#1"}
+    w.terminate()
+    assert w.wait(30) == 0
+    assert len(w.events("worker_stopped")) == 2
+
+
+def test_a_dead_worker_process_stops_the_pod(
+    redis_server: RedisServer, workers: list[WorkerProc]
+) -> None:
+    # Rather than run short-handed, the pod exits non-zero and Kubernetes restarts it.
+    w = WorkerProc(queue_env(redis_server), "--processes", "2")
+    workers.append(w)
+    wait_for(lambda: len(w.events("worker_ready")) == 2, 20, "both worker processes")
+    child = w.events("worker_ready")[0]["pid"]
+    os.kill(child, signal.SIGKILL)
+    assert w.wait(30) == 1
+    assert w.events("worker_failed")
+    assert len(w.events("worker_stopped")) == 1, "the other process stopped cleanly"
+
+
+def test_a_worker_without_tasks_is_a_configuration_error(redis_server: RedisServer) -> None:
+    done = cli({**queue_env(redis_server), "CRON_RUNNER_TASK_MODULES": ""}, "worker")
+    assert done.returncode == 2
+    assert "no tasks registered" in done.stderr
