@@ -24,14 +24,13 @@ TASK_MODULES = "tests.queue.queue_tasks"
 
 def queue_env(server: RedisServer, **extra: str) -> dict[str, str]:
     """Short poll and heartbeat intervals, so re-delivery and retries show within a test."""
-    return runner_env(
-        server.url,
-        CRON_RUNNER_TASK_MODULES=TASK_MODULES,
-        CRON_RUNNER_WORKER_POLL_INTERVAL="50ms",
-        CRON_RUNNER_QUEUE_HEARTBEAT_TIMEOUT="2s",
-        CRON_RUNNER_QUEUE_MAINTENANCE_CHANCE="0.05",
-        **extra,
-    )
+    settings = {
+        "CRON_RUNNER_TASK_MODULES": TASK_MODULES,
+        "CRON_RUNNER_WORKER_POLL_INTERVAL": "50ms",
+        "CRON_RUNNER_QUEUE_HEARTBEAT_TIMEOUT": "2s",
+        "CRON_RUNNER_QUEUE_MAINTENANCE_CHANCE": "0.05",
+    }
+    return runner_env(server.url, **{**settings, **extra})
 
 
 class WorkerProc:
