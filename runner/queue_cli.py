@@ -119,6 +119,11 @@ def enqueue_target(settings: Settings, spec: TaskSpec) -> Any:
     from runner.execution import retention_s  # noqa: PLC0415
     from runner.queue import EnqueueTarget, load_queue_settings  # noqa: PLC0415
 
+    if spec.source.startswith("reference"):
+        raise ConfigError(
+            f"enqueue mode needs a registered task, not the reference {spec.source[10:]!r}: the "
+            "workers look the task up by name (@task in CRON_RUNNER_TASK_MODULES or an entry point)"
+        )
     qs = load_queue_settings(settings, os.environ)
     return EnqueueTarget(settings, qs, spec, retention_s(settings))
 

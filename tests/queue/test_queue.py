@@ -126,6 +126,9 @@ def test_enqueue_mode_refuses_a_command_and_cluster(redis_server: RedisServer) -
     done = cli({**env, "CRON_RUNNER_REDIS_CLUSTER": "true"}, "worker")
     assert done.returncode == 2
     assert "does not support Redis Cluster" in done.stderr
+    done = cli(env, "run", "tests.queue.queue_tasks:ok")
+    assert done.returncode == 2
+    assert "needs a registered task, not the reference 'tests.queue.queue_tasks:ok'" in done.stderr
 
 
 # --- retries, backoff and the dead-letter queue -----------------------------------------------
