@@ -35,6 +35,7 @@ from runner.errors import ConfigError, StoreUnavailable
 from runner.settings import RedisSettings
 
 T = TypeVar("T")
+E = TypeVar("E", bound=BaseException)
 
 # Worth another try: the server is away, loading, failing over (a replica that was the
 # primary answers READONLY), or a cluster slot is moving or its node is down (TRYAGAIN,
@@ -164,6 +165,9 @@ def connect(settings: RedisSettings, ttl_s: float, *, decode_responses: bool = T
             try:
                 return cluster_class.from_url(settings.url, **kwargs)
             except RedisClusterException as exc:
+                refused = _caused_by(exc, NoPermissionError)
+                if refused is not None:  # redis-py reports it as "cluster mode is not enabled"
+                    raise refused from exc
                 raise RedisConnectionError(str(exc)) from exc
             except ValueError as exc:
                 raise _url_options_refused(settings, exc) from exc
@@ -227,6 +231,16 @@ def replicas_acknowledged(client: Any, key: str, wanted: int, timeout_ms: int) -
     if get_node is None:
         return int(client.wait(wanted, timeout_ms))
     return int(client.execute_command("WAIT", wanted, timeout_ms, target_nodes=get_node(key)))
+
+
+def _caused_by(exc: BaseException, kind: type[E]) -> E | None:
+    """The first ``kind`` among the exceptions that led to ``exc``."""
+    seen: BaseException | None = exc
+    while seen is not None:
+        if isinstance(seen, kind):
+            return seen
+        seen = seen.__cause__ or seen.__context__
+    return None
 
 
 def _tls_refusal(exc: BaseException) -> ssl.SSLError | None:
