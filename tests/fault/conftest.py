@@ -4,13 +4,17 @@ by CRON_RUNNER_FAULT_FIGURES, when set). docs/reliability.md quotes these figure
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
-from collections.abc import Callable
+import signal
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+
+from tests.helpers.ticker import children
 
 FIGURES = pytest.StashKey[list[dict[str, Any]]]()
 
@@ -26,6 +30,23 @@ def figure(request: pytest.FixtureRequest) -> Figure:
         rows.append({"row": row, "test": request.node.name, **values})
 
     return record
+
+
+def _descendants(pid: int) -> list[int]:
+    found = []
+    for child in children(pid):
+        found += [child, *_descendants(child)]
+    return found
+
+
+@pytest.fixture(autouse=True)
+def _no_process_left_behind() -> Iterator[None]:
+    """A failing fault test can leave a runner or its endless task running: stop them, so that
+    they do not load the machine under the tests that follow."""
+    yield
+    for pid in _descendants(os.getpid()):
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
 
 
 def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> None:

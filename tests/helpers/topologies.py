@@ -131,12 +131,26 @@ def sentinel_binary() -> str:
 
 
 class SentinelProcess:
-    def __init__(self, directory: Path, master_port: int, master_name: str, password: str | None):
+    def __init__(
+        self,
+        directory: Path,
+        master_port: int,
+        master_name: str,
+        password: str | None,
+        tls: TlsFiles | None = None,
+    ) -> None:
         self.port = free_port()
         self.directory = directory
+        self.tls = tls
         self.config = directory / f"sentinel-{self.port}.conf"
+        listen = [f"port {self.port}"]
+        if tls:
+            # TLS only, towards clients and towards the servers it monitors.
+            listen = ["port 0", f"tls-port {self.port}", f"tls-cert-file {tls.server_cert}",
+                      f"tls-key-file {tls.server_key}", f"tls-ca-cert-file {tls.ca_cert}",
+                      "tls-auth-clients no", "tls-replication yes"]  # fmt: skip
         lines = [
-            f"port {self.port}",
+            *listen,
             "bind 127.0.0.1",
             f"dir {directory}",
             f"sentinel monitor {master_name} 127.0.0.1 {master_port} 2",
@@ -153,8 +167,9 @@ class SentinelProcess:
         self.proc: subprocess.Popen[bytes] | None = None
 
     def client(self) -> redis.Redis:
+        tls: dict[str, Any] = {"ssl": True, "ssl_ca_certs": self.tls.ca_cert} if self.tls else {}
         return redis.Redis(
-            port=self.port, password=self.password, decode_responses=True, socket_timeout=2
+            port=self.port, password=self.password, decode_responses=True, socket_timeout=2, **tls
         )
 
     def start(self) -> None:
@@ -181,20 +196,29 @@ class SentinelTopology:
         sentinel_password: str | None = None,
         primary_port: int | None = None,
         replica_upstream_port: int | None = None,
+        tls: TlsFiles | None = None,
     ) -> None:
         self.master_name = master_name
         self._tmp = tempfile.TemporaryDirectory(prefix="cron-runner-sentinel-")
         self.directory = Path(self._tmp.name)
         # Diskless sync with no delay: the default waits 5 s for more replicas to join.
         sync = ["--repl-diskless-sync-delay", "0"]
-        self.primary = RedisServer(port=primary_port, extra_args=sync)
+        if tls:
+            sync += ["--tls-replication", "yes"]
+
+        def server(port: int | None, args: list[str]) -> RedisServer:
+            if tls:
+                return TlsRedisServer(tls, require_client_cert=False, port=port, extra_args=args)
+            return RedisServer(port=port, extra_args=args)
+
+        self.primary = server(primary_port, sync)
         self.replica_upstream_port = replica_upstream_port
-        self.replica = RedisServer(
-            extra_args=[*sync, "--replicaof", "127.0.0.1",
-                        str(replica_upstream_port or self.primary.port)]
-        )  # fmt: skip
+        self.replica = server(
+            None,
+            [*sync, "--replicaof", "127.0.0.1", str(replica_upstream_port or self.primary.port)],
+        )
         self.sentinels = [
-            SentinelProcess(self.directory, self.primary.port, master_name, sentinel_password)
+            SentinelProcess(self.directory, self.primary.port, master_name, sentinel_password, tls)
             for _ in range(3)
         ]
 
