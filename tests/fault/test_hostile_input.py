@@ -136,5 +136,6 @@ def test_row9_hostile_input_through_the_cli_exits_2_without_a_traceback(
         assert "Traceback" not in res.stderr, (case, res.stderr)
         assert res.returncode == 2, (case, res.stderr)
         codes[case] = res.returncode
-    figure("9", duplicates=0, overlap_ms=0, hypothesis_examples=800 + 10,
-           cli_cases=len(codes), exit_codes=sorted(set(codes.values())))  # fmt: skip
+    figure("9", duplicates=0, overlap_ms=0, generated_examples_max=800, explicit_examples=8,
+           references=10, cli_cases=len(codes),
+           exit_codes=sorted(set(codes.values())))  # fmt: skip
