@@ -14,7 +14,8 @@ from typing import Any, cast
 import redis
 
 from runner.devserver import RedisServer
-from runner.queue import QueueStats, queue_stats
+from runner.queue import Producer, QueueSettings, QueueStats, queue_stats
+from runner.settings import load_settings
 from tests.helpers.proc import CRON_RUNNER, events, runner_env
 from tests.queue.queue_tasks import EFFECTS
 
@@ -99,3 +100,9 @@ def cli(env: dict[str, str], *args: str, timeout: float = 60) -> subprocess.Comp
     return subprocess.run(
         [CRON_RUNNER, *args], env=env, capture_output=True, text=True, timeout=timeout
     )
+
+
+def producer(server: RedisServer) -> Producer:
+    """A sender as a task or a script would have one, on the tests' namespace."""
+    settings = load_settings({"CRON_RUNNER_REDIS_URL": server.url})
+    return Producer(settings, QueueSettings(namespace=NAMESPACE))

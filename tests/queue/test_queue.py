@@ -30,6 +30,7 @@ from tests.queue.helpers import (
     WorkerProc,
     cli,
     effects,
+    producer,
     queue_env,
     stats,
     unacked,
@@ -52,11 +53,6 @@ def start_worker(
     workers.append(w)
     wait_for(w.ready, 20, "the worker to be ready")
     return w
-
-
-def producer(server: RedisServer) -> Producer:
-    settings = load_settings({"CRON_RUNNER_REDIS_URL": server.url})
-    return Producer(settings, QueueSettings(namespace=NAMESPACE))
 
 
 # --- enqueue: exactly one message per slot ---------------------------------------------------

@@ -15,15 +15,19 @@ from runner.devserver import RedisServer
 from runner.keys import TaskKeys
 from tests.helpers.proc import outcome
 from tests.helpers.wait import wait_for
-from tests.queue.helpers import NAMESPACE, WorkerProc, cli, effects, queue_env, stats
 
-# The run rule and the operations rule as docs/reliability.md publishes them (the same
-# words as tests/integration/test_redis_shapes.py checks for runs).
-ACL_RULE = (
-    "resetkeys ~cron-runner:* resetchannels -@all "
-    "+evalsha +eval +get +set +pexpire +pttl +incr +hmget +hget +del +xadd +hset +ping"
+# The run rule and the operations rule docs/reliability.md publishes, checked there for runs.
+from tests.integration.test_redis_shapes import ACL_OPS, ACL_RULE
+from tests.queue.helpers import (
+    NAMESPACE,
+    WorkerProc,
+    cli,
+    effects,
+    producer,
+    queue_env,
+    stats,
 )
-ACL_OPS = "+scan +hgetall +xrange +xrevrange"
+
 # What queue mode adds to the run rule (and to ACL_OPS for `status`), published in the
 # README's Queue mode section. KEYS is Dramatiq's: its maintenance looks up dead workers' keys.
 ACL_QUEUE = (
@@ -70,8 +74,6 @@ def test_every_queue_path_as_the_acl_user(
         wait_for(worker.ready, 20, "the worker")
         wait_for(lambda: effects(r, "ran"), 20, "the enqueued job to run")
         # Retries through the delay queue, then the dead-letter queue.
-        from tests.queue.test_queue import producer  # noqa: PLC0415
-
         p = producer(redis_server)
         p.send("q-flaky", {"id": "acl"})
         p.send("q-doomed", {"n": 1})
