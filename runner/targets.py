@@ -7,12 +7,14 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import ctypes
 import logging
 import os
 import signal
 import subprocess
+import sys
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Protocol
 
 from runner.errors import Cancelled
@@ -102,7 +104,13 @@ class CommandTarget:
         )
         # Its own process group, so that cancel and kill reach every process it starts,
         # and a terminal's Ctrl-C reaches only the runner, which then decides.
-        self.proc = subprocess.Popen(self.argv, env=env, process_group=0)
+        self.proc = subprocess.Popen(
+            # The hook makes one syscall and takes no lock, so the keeper thread is no hazard.
+            self.argv,
+            env=env,
+            process_group=0,
+            preexec_fn=_die_with_parent(),  # noqa: PLW1509
+        )
 
     @property
     def pid(self) -> int:
@@ -142,6 +150,28 @@ class CommandTarget:
     def error(self) -> str | None:
         code = self.exit_code()
         return None if code == 0 else f"command exited with code {code}"
+
+
+def _die_with_parent() -> Callable[[], None] | None:
+    """On Linux, the command gets SIGKILL when the runner dies (OOM killer, kill -9), so it
+    cannot run on unsupervised while the lease expires and another holder starts.
+
+    Only the command's first process is covered: what it forks does not inherit this. The
+    prctl call is prepared here so the child, between fork and exec, only makes one syscall.
+    """
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        prctl = libc.prctl
+    except (OSError, AttributeError):
+        return None
+    pr_set_pdeathsig = 1
+
+    def set_pdeathsig() -> None:
+        prctl(pr_set_pdeathsig, signal.SIGKILL)
+
+    return set_pdeathsig
 
 
 def reap_orphans(keep_pid: int | None) -> int:
