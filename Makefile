@@ -4,7 +4,7 @@ PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
 comma  := ,
-EXTRAS ?= test,dev,bench
+EXTRAS ?= test,dev,bench,hiredis
 STAMP  := $(VENV)/.installed-$(subst $(comma),-,$(EXTRAS))
 
 .PHONY: venv demo test test-fast lint fmt bench manifests clean
