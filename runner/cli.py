@@ -90,7 +90,13 @@ class _Parser(argparse.ArgumentParser):
         raise ConfigError(f"{self.prog}: {message}")
 
 
-def build_parser() -> argparse.ArgumentParser:
+# The commands a CronJob pod or a crontab line runs: their start is on every run's hot path.
+HOT_COMMANDS = ("run", "exec")
+
+
+def build_parser(command: str | None = None) -> argparse.ArgumentParser:
+    """All subcommands, or, for a hot command, only the core ones: building the operations
+    and queue parsers costs several milliseconds that `run` and `exec` never use."""
     fmt = argparse.RawDescriptionHelpFormatter
     parser = _Parser(
         prog="cron-runner",
@@ -131,6 +137,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("tasks", help="list the registered tasks and where each comes from")
     _add_setting_flags(p, ("LOG_FORMAT", "LOG_LEVEL"))
     p.set_defaults(handler=cmd_tasks)
+    if command in HOT_COMMANDS:
+        return parser
 
     from runner import ops  # noqa: PLC0415 - ops adds its own subcommands
 
@@ -223,9 +231,10 @@ def cmd_tasks(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
+    args_list = sys.argv[1:] if argv is None else list(argv)
+    parser = build_parser(args_list[0] if args_list else None)
     try:
-        args = parser.parse_args(argv)
+        args = parser.parse_args(args_list)
         if not getattr(args, "handler", None):
             parser.print_help(sys.stderr)
             return 2
