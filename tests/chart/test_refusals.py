@@ -7,8 +7,6 @@ those checks are tested on a copy of the chart without its schema.
 
 from __future__ import annotations
 
-import shutil
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -19,15 +17,6 @@ from helm_python.chart import Chart
 from tests.chart.helpers import CHART_DIR, render
 
 REDIS = {"host": "redis"}
-
-
-@pytest.fixture(scope="module")
-def schemaless(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Chart]:
-    copy = tmp_path_factory.mktemp("chart") / "cron-runner"
-    shutil.copytree(CHART_DIR, copy)
-    (copy / "values.schema.json").unlink()
-    with Chart.load(copy) as loaded:
-        yield loaded
 
 
 def task_values(task: dict[str, Any], name: str = "report", **top: Any) -> dict[str, Any]:

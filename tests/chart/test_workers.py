@@ -4,8 +4,6 @@ environment contract and a grace period matched to its shutdown."""
 
 from __future__ import annotations
 
-import shutil
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -13,7 +11,6 @@ from helm_python import HelmRenderError, HelmValuesError
 from helm_python.chart import Chart
 
 from tests.chart.helpers import (
-    CHART_DIR,
     NAMESPACE,
     RELEASE,
     Manifest,
@@ -26,15 +23,6 @@ from tests.chart.helpers import (
 
 QUEUE = "08-queue-mode-workers-values.yaml"
 BUNDLED = "09-queue-bundled-redis-values.yaml"
-
-
-@pytest.fixture(scope="module")
-def schemaless(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Chart]:
-    copy = tmp_path_factory.mktemp("chart") / "cron-runner"
-    shutil.copytree(CHART_DIR, copy)
-    (copy / "values.schema.json").unlink()
-    with Chart.load(copy) as loaded:
-        yield loaded
 
 
 def workers(rendered: Any) -> dict[str, Manifest]:
