@@ -194,7 +194,10 @@ class Reader:
         if schedule_expr:
             try:
                 schedule = slots.Schedule.parse(schedule_expr, timezone or "UTC", 0.0)
-                next_slot = schedule.next_after(now_s)
+                # A run may claim a slot up to the tolerance early, so the slot it recorded can
+                # still lie ahead of now: the next slot is the one after both.
+                last_slot = _int(state.get("last_slot")) or 0
+                next_slot = schedule.next_after(max(now_s, last_slot))
                 covered = self._covered_until(task, schedule, last_success)
                 if covered is not None:
                     missed = missed_slots(

@@ -12,8 +12,9 @@ import pytest
 import redis
 
 from runner.devserver import RedisServer
+from runner.ops.state import Reader
 from tests.helpers.proc import events, outcome, run, runner_env, side_effects, spawn
-from tests.helpers.wait import wait_for
+from tests.helpers.wait import clear_of_slot_edge, wait_for
 
 LEASE = "cron-runner:{default:%s}:lease"
 ISO_Z = r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ$"
@@ -43,6 +44,7 @@ def _is_iso(value: object) -> bool:
 
 @pytest.fixture
 def scheduled(redis_server: RedisServer, tmp_path: Path) -> dict[str, str]:
+    clear_of_slot_edge(300)
     return runner_env(
         redis_server.url,
         CRON_RUNNER_SCHEDULE="*/5 * * * *",
@@ -221,6 +223,17 @@ def test_unlock_without_holder_removes_any_lease(redis_server: RedisServer, r: r
     assert res.returncode == 0
     assert "held by gone-pod:1234" in res.stdout
     assert r.get(LEASE % "orphan") is None
+
+
+def test_next_slot_follows_a_slot_claimed_ahead_of_the_clock(r: redis.Redis) -> None:
+    # A run 10 s before 01:10 claims the 01:10 slot (within the tolerance); status read
+    # at that moment must not offer 01:10 as the next slot: it has already run.
+    edge = 1796001000
+    reader = Reader(r, "cron-runner", "default")
+    r.hset(reader.keys("early").state,
+           mapping={"schedule": "*/5 * * * *", "timezone": "UTC", "last_slot": edge})  # fmt: skip
+    assert reader.status("early", now_s=edge - 10, tolerance_s=30).next_slot == edge + 300
+    assert reader.status("early", now_s=edge + 301, tolerance_s=30).next_slot == edge + 600
 
 
 def test_ops_commands_exit_3_when_redis_is_unreachable() -> None:
