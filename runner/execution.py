@@ -10,9 +10,8 @@ import os
 import signal
 import time
 from contextlib import AbstractContextManager, nullcontext
-from dataclasses import dataclass
 from types import FrameType
-from typing import Any, NoReturn, Protocol
+from typing import Any, NamedTuple, NoReturn, Protocol
 
 from redis.exceptions import RedisError
 
@@ -62,8 +61,7 @@ class Shutdown:
         return self
 
 
-@dataclass(frozen=True)
-class RunResult:
+class RunResult(NamedTuple):
     outcome: str
     exit_code: int
     fence: int | None = None

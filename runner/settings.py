@@ -10,9 +10,8 @@ import re
 import socket
 import sys
 from collections.abc import Mapping
-from dataclasses import dataclass, field, replace
+from typing import NamedTuple
 from urllib.parse import SplitResult, unquote, urlsplit
-from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from runner.errors import ConfigError
 from runner.keys import PREFIX_RE, validate_name
@@ -26,6 +25,7 @@ _UNIT_S = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, None: 1.0}
 DURATION_FORM = "a number of seconds or a number with a unit: '30', '30s', '1m', '500ms', '1h'"
 _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"0", "false", "no", "off", ""}
+_SECRETS = frozenset({"password", "sentinel_password"})
 
 
 def parse_duration(value: str, origin: str) -> float:
@@ -39,17 +39,16 @@ def parse_duration(value: str, origin: str) -> float:
     return seconds
 
 
-@dataclass(frozen=True)
-class RedisSettings:
+class RedisSettings(NamedTuple):
     url: str = "redis://localhost:6379/0"
     username: str | None = None
-    password: str | None = field(default=None, repr=False)
+    password: str | None = None
     tls_ca_file: str | None = None
     tls_cert_file: str | None = None
     tls_key_file: str | None = None
     sentinels: tuple[tuple[str, int], ...] = ()
     sentinel_master: str = "mymaster"
-    sentinel_password: str | None = field(default=None, repr=False)
+    sentinel_password: str | None = None
     cluster: bool = False
     min_replicas: int = 0
     connect_timeout_s: float = 10.0
@@ -59,9 +58,13 @@ class RedisSettings:
         """The URL without credentials: safe for logs and errors."""
         return redact_url(self.url)
 
+    def __repr__(self) -> str:
+        # Settings end up in logs and tracebacks: the passwords never do.
+        shown = (f"{k}={v!r}" for k, v in zip(self._fields, self, strict=True) if k not in _SECRETS)
+        return f"RedisSettings({', '.join(shown)})"
 
-@dataclass(frozen=True)
-class LeaseSettings:
+
+class LeaseSettings(NamedTuple):
     ttl_s: float = 30.0
     prefix: str = "cron-runner"
     scope: str = "default"
@@ -73,8 +76,7 @@ class LeaseSettings:
         return int(self.ttl_s * 1000)
 
 
-@dataclass(frozen=True)
-class SlotSettings:
+class SlotSettings(NamedTuple):
     schedule: str | None = None
     timezone: str = "UTC"
     skew_tolerance_s: float = 30.0
@@ -82,21 +84,18 @@ class SlotSettings:
     cronjob_name: str | None = None
 
 
-@dataclass(frozen=True)
-class RunSettings:
+class RunSettings(NamedTuple):
     shutdown_grace_s: float = 25.0
     mode: str = "run"
     task_modules: tuple[str, ...] = ()
 
 
-@dataclass(frozen=True)
-class LogSettings:
+class LogSettings(NamedTuple):
     format: str = "text"
     level: str = "INFO"
 
 
-@dataclass(frozen=True)
-class TelemetrySettings:
+class TelemetrySettings(NamedTuple):
     """OpenTelemetry is on only when an OTLP endpoint is set; the SDK reads every other OTEL_*."""
 
     traces: bool = False
@@ -114,14 +113,18 @@ class TelemetrySettings:
         return self.traces or self.metrics
 
 
-@dataclass(frozen=True)
-class Settings:
-    redis: RedisSettings = field(default_factory=RedisSettings)
-    lease: LeaseSettings = field(default_factory=LeaseSettings)
-    slots: SlotSettings = field(default_factory=SlotSettings)
-    run: RunSettings = field(default_factory=RunSettings)
-    log: LogSettings = field(default_factory=LogSettings)
-    telemetry: TelemetrySettings = field(default_factory=TelemetrySettings)
+class Settings(NamedTuple):
+    redis: RedisSettings = RedisSettings()
+    lease: LeaseSettings = LeaseSettings()
+    slots: SlotSettings = SlotSettings()
+    run: RunSettings = RunSettings()
+    log: LogSettings = LogSettings()
+    telemetry: TelemetrySettings = TelemetrySettings()
+
+
+# Named tuples rather than dataclasses: as immutable and as typed, and created in a tenth of the
+# time, which every pod start pays once per class (bench/README.md, Cold start).
+DEFAULTS = Settings()
 
 
 def redact_url(url: str) -> str:
@@ -206,7 +209,7 @@ def _split_url(url: str, origin: str, form: str) -> SplitResult:
 
 def _redis(src: _Source) -> RedisSettings:
     url, origin = src.get("REDIS_URL")
-    url = url or RedisSettings.url
+    url = url or DEFAULTS.redis.url
     form = "redis://[user[:password]@]host[:port][/db], rediss://... or unix:///path/to/socket"
     parts = _split_url(url, origin, form)
     shown = redact_url(url)
@@ -263,11 +266,11 @@ def _redis(src: _Source) -> RedisSettings:
         tls_cert_file=tls["CERT"][0],
         tls_key_file=tls["KEY"][0],
         sentinels=tuple(sentinels),
-        sentinel_master=master or RedisSettings.sentinel_master,
+        sentinel_master=master or DEFAULTS.redis.sentinel_master,
         sentinel_password=sentinel_password,
         cluster=cluster,
         min_replicas=int(min_replicas_raw or 0),
-        connect_timeout_s=src.duration("CONNECT_TIMEOUT", RedisSettings.connect_timeout_s),
+        connect_timeout_s=src.duration("CONNECT_TIMEOUT", DEFAULTS.redis.connect_timeout_s),
     )
 
 
@@ -277,7 +280,7 @@ def default_holder() -> str:
 
 def _lease(src: _Source) -> LeaseSettings:
     ttl_raw, ttl_origin = src.get("LEASE_TTL")
-    ttl_s = LeaseSettings.ttl_s
+    ttl_s = DEFAULTS.lease.ttl_s
     if ttl_raw is not None:
         ttl_s = parse_duration(ttl_raw, ttl_origin)
         if ttl_s < MIN_TTL_S:
@@ -301,8 +304,8 @@ def _lease(src: _Source) -> LeaseSettings:
         )
     return LeaseSettings(
         ttl_s=ttl_s,
-        prefix=prefix or LeaseSettings.prefix,
-        scope=scope or LeaseSettings.scope,
+        prefix=prefix or DEFAULTS.lease.prefix,
+        scope=scope or DEFAULTS.lease.scope,
         holder=holder or default_holder(),
         slot_retention_s=(
             src.duration("SLOT_RETENTION", 0.0, minimum_s=60.0)
@@ -315,6 +318,10 @@ def _lease(src: _Source) -> LeaseSettings:
 def _slots(src: _Source) -> SlotSettings:
     tz, tz_origin = src.get("TIMEZONE")
     if tz is not None:
+        # Here, not at the top: zoneinfo costs about 1.5 ms of every start, and most runs
+        # (a CronJob pod, a manual exec) name no time zone.
+        from zoneinfo import ZoneInfo, ZoneInfoNotFoundError  # noqa: PLC0415
+
         try:
             ZoneInfo(tz)
         except (ZoneInfoNotFoundError, ValueError) as exc:
@@ -327,8 +334,8 @@ def _slots(src: _Source) -> SlotSettings:
     cronjob_name, _ = src.get("CRONJOB_NAME")
     return SlotSettings(
         schedule=schedule,
-        timezone=tz or SlotSettings.timezone,
-        skew_tolerance_s=src.duration("SKEW_TOLERANCE", SlotSettings.skew_tolerance_s),
+        timezone=tz or DEFAULTS.slots.timezone,
+        skew_tolerance_s=src.duration("SKEW_TOLERANCE", DEFAULTS.slots.skew_tolerance_s),
         job_name=job_name,
         cronjob_name=cronjob_name,
     )
@@ -340,11 +347,11 @@ def _telemetry(src: _Source) -> TelemetrySettings:
     def otel(name: str) -> str:
         return src.env.get(f"OTEL_{name}", "").strip()
 
-    flush_timeout_s = src.duration("TELEMETRY_FLUSH_TIMEOUT", TelemetrySettings.flush_timeout_s)
+    flush_timeout_s = src.duration("TELEMETRY_FLUSH_TIMEOUT", DEFAULTS.telemetry.flush_timeout_s)
     if otel("SDK_DISABLED").lower() == "true":
         return TelemetrySettings(flush_timeout_s=flush_timeout_s)
     shared = otel("EXPORTER_OTLP_ENDPOINT")
-    protocol = otel("EXPORTER_OTLP_PROTOCOL") or TelemetrySettings.traces_protocol
+    protocol = otel("EXPORTER_OTLP_PROTOCOL") or DEFAULTS.telemetry.traces_protocol
     return TelemetrySettings(
         traces=bool(shared or otel("EXPORTER_OTLP_TRACES_ENDPOINT"))
         and otel("TRACES_EXPORTER").lower() != "none",
@@ -369,7 +376,7 @@ def load_settings(
         lease=_lease(src),
         slots=_slots(src),
         run=RunSettings(
-            shutdown_grace_s=src.duration("SHUTDOWN_GRACE", RunSettings.shutdown_grace_s),
+            shutdown_grace_s=src.duration("SHUTDOWN_GRACE", DEFAULTS.run.shutdown_grace_s),
             mode=src.choice("MODE", "run", ("run", "enqueue")),
             task_modules=tuple(m.strip() for m in (modules_raw or "").split(",") if m.strip()),
         ),
@@ -382,7 +389,7 @@ def load_settings(
     # In a CronJob pod the slot comes from the Job name and Kubernetes has validated the
     # schedule, which is kept only for status and the watchdog: croniter stays off the start path.
     if settings.slots.schedule is not None and not settings.slots.job_name:
-        settings = replace(settings, slots=_checked_schedule(src, settings.slots))
+        settings = settings._replace(slots=_checked_schedule(src, settings.slots))
     return settings
 
 
@@ -402,7 +409,7 @@ def _checked_schedule(src: _Source, slots: SlotSettings) -> SlotSettings:
         tolerance, origin = src.get("SKEW_TOLERANCE")
         if tolerance is not None:
             raise ConfigError(f"{origin}: {exc}") from exc
-        slots = replace(slots, skew_tolerance_s=exc.min_gap_s / 2 - 1)
+        slots = slots._replace(skew_tolerance_s=exc.min_gap_s / 2 - 1)
         Schedule.parse(slots.schedule or "", slots.timezone, slots.skew_tolerance_s)
         return slots
     except ConfigError as exc:

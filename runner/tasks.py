@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from importlib.metadata import entry_points
 from types import ModuleType
-from typing import Any
+from typing import Any, NamedTuple
 
 from runner.errors import Cancelled, ConfigError, UnknownTask
 from runner.keys import validate_name
@@ -31,8 +31,7 @@ TaskFn = Callable[["RunContext"], None]
 Duration = str | float | int
 
 
-@dataclass(frozen=True)
-class QueueOptions:
+class QueueOptions(NamedTuple):
     """How queue mode sends and retries a task (CRON_RUNNER_MODE=enqueue, ``cron-runner worker``).
 
     They live with the code because the CronJob that enqueues and the worker that runs
@@ -138,8 +137,7 @@ class RunContext:
             raise Cancelled(self.cancel_reason or "cancelled")
 
 
-@dataclass(frozen=True)
-class TaskSpec:
+class TaskSpec(NamedTuple):
     name: str
     fn: TaskFn
     source: str
