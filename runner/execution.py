@@ -154,7 +154,7 @@ class Execution:
             ttl_ms=settings.lease.ttl_ms,
         )
         self.log: RunLogger = run_logger(task_name, settings.lease.holder)
-        self.where = settings.redis.display_url
+        self.where = settings.redis.display_target
         self.started_wall = 0.0
         self.started_mono = 0.0
         self.slot: int | None = None

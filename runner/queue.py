@@ -470,7 +470,7 @@ class EnqueueTarget(PythonTarget):
                 ),
                 deadline_s=deadline,
                 what="enqueue",
-                where=self.settings.redis.display_url,
+                where=self.settings.redis.display_target,
             )
         finally:
             client.close()

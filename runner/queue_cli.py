@@ -165,7 +165,7 @@ def cmd_dlq(args: argparse.Namespace, settings: Settings) -> int:
             lambda: queue.dead_letters(client, qs.namespace, task_queue, args.task),
             deadline_s=deadline,
             what="dlq",
-            where=settings.redis.display_url,
+            where=settings.redis.display_target,
         )
         out = sys.stdout
         if args.dlq_action == "list":

@@ -386,7 +386,7 @@ def serve(
     broker, runtime, queues, record_client = build(settings, qs, registry, worker_id)
     deadline = clock.monotonic() + settings.redis.connect_timeout_s
     store.with_deadline(
-        broker.client.ping, deadline_s=deadline, what="worker", where=settings.redis.display_url
+        broker.client.ping, deadline_s=deadline, what="worker", where=settings.redis.display_target
     )
     broker.emit_after("process_boot")
     worker = dramatiq.Worker(

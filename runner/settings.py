@@ -58,6 +58,14 @@ class RedisSettings(NamedTuple):
         """The URL without credentials: safe for logs and errors."""
         return redact_url(self.url)
 
+    @property
+    def display_target(self) -> str:
+        """Where Redis is, for messages: the URL without credentials, or the sentinels asked."""
+        if self.sentinels:
+            hosts = ",".join(f"{host}:{port}" for host, port in self.sentinels)
+            return f"{self.sentinel_master!r} via sentinels {hosts}"
+        return self.display_url
+
     def __repr__(self) -> str:
         # Settings end up in logs and tracebacks: the passwords never do.
         shown = (f"{k}={v!r}" for k, v in zip(self._fields, self, strict=True) if k not in _SECRETS)

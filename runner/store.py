@@ -29,6 +29,7 @@ from redis.exceptions import (
 )
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
+from redis.sentinel import MasterNotFoundError
 
 from runner import clock
 from runner.errors import ConfigError, StoreUnavailable
@@ -176,7 +177,7 @@ def connect(settings: RedisSettings, ttl_s: float, *, decode_responses: bool = T
             build,
             deadline_s=clock.monotonic() + settings.connect_timeout_s,
             what="connect",
-            where=settings.display_url,
+            where=settings.display_target,
         )
     if settings.sentinels:
         from redis.sentinel import Sentinel  # noqa: PLC0415 - only for Sentinel users
@@ -252,6 +253,23 @@ def _tls_refusal(exc: BaseException) -> ssl.SSLError | None:
     return None
 
 
+def _sentinel_refusal(exc: BaseException) -> str | None:
+    """What to check when the sentinels refused us (not merely were away), else None.
+
+    redis-py folds every sentinel's error into one MasterNotFoundError, as text (the same
+    in 5.2 and 8.x): reading it is the only way to tell a wrong password or CA, which no
+    retry fixes, from sentinels that are down.
+    """
+    if not isinstance(exc, MasterNotFoundError):
+        return None
+    text = str(exc)
+    if "AuthenticationError(" in text:
+        return "CRON_RUNNER_REDIS_SENTINEL_PASSWORD"
+    if "CERTIFICATE_VERIFY_FAILED" in text:
+        return "CRON_RUNNER_REDIS_TLS_CA_FILE (the sentinels' certificates do not verify)"
+    return None
+
+
 def with_deadline(
     call: Callable[[], T],
     *,
@@ -274,6 +292,11 @@ def with_deadline(
         except NoPermissionError as exc:
             raise ConfigError(f"Redis at {where}: the ACL user lacks a permission: {exc}") from exc
         except RETRYABLE as exc:
+            check = _sentinel_refusal(exc)
+            if check is not None:
+                raise ConfigError(
+                    f"Redis at {where}: the sentinels refused us: check {check}"
+                ) from exc
             tls = _tls_refusal(exc)
             if tls is not None:
                 raise ConfigError(

@@ -111,7 +111,7 @@ def _connected(settings: Settings, what: str) -> Iterator[Any]:
 
     from runner import store  # noqa: PLC0415
 
-    where = settings.redis.display_url
+    where = settings.redis.display_target
     client = store.connect(settings.redis, settings.lease.ttl_s)
     try:
         deadline = clock.monotonic() + settings.redis.connect_timeout_s

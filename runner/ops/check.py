@@ -73,7 +73,7 @@ class Check:
 
     def reachable(self, client: Any) -> int | None:
         """None when Redis answers; else the exit code (3 unreachable, 1 refused)."""
-        where = self.settings.redis.display_url
+        where = self.settings.redis.display_target
         deadline = clock.monotonic() + self.settings.redis.connect_timeout_s
         try:
             store.with_deadline(client.ping, deadline_s=deadline, what="check", where=where)
