@@ -85,7 +85,7 @@ base() {
     if [[ ! -s $BASE_TAR ]]; then
         echo "image.sh: mmdebstrap bookworm python3 base (about a minute; cached in $BASE_TAR)"
         mmdebstrap --quiet --variant=minbase --include=python3,python3-venv \
-            --aptopt='APT::Install-Recommends "false"' --format=tar \
+            --aptopt='APT::Install-Recommends "false"' --aptopt='Acquire::Retries "3"' --format=tar \
             bookworm "$BASE_TAR.partial" "$(debian_mirror)"
         mv "$BASE_TAR.partial" "$BASE_TAR"
     fi
