@@ -111,3 +111,30 @@ def test_no_task_may_be_called_watchdog(chart: Chart) -> None:
     with pytest.raises((HelmRenderError, HelmValuesError)) as info:
         render(chart, values)
     assert "invalid propertyName 'watchdog'" in str(info.value)
+
+
+def test_runner_env_and_env_from_reach_every_pod_the_chart_runs(chart: Chart) -> None:
+    # A scope or a credential set once in runner.env/envFrom must reach the watchdog and the
+    # test pod too: a watchdog in another scope than its tasks checks nothing and stays green.
+    values = with_watchdog("08-queue-mode-workers-values.yaml")
+    secret_ref = {"secretRef": {"name": "redis-creds"}}
+    values["runner"] = {
+        **values.get("runner", {}),
+        "env": {"CRON_RUNNER_SCOPE": "shared", "TEAM": "billing"},
+        "envFrom": [secret_ref],
+    }
+    values["test"] = {"enabled": True}
+    rendered = render(chart, values)
+    pods = [d for d in rendered.docs if d["kind"] in ("CronJob", "Deployment", "Pod")]
+    kinds = {d["kind"] for d in pods}
+    assert kinds == {"CronJob", "Deployment", "Pod"}, kinds
+    assert any(d["metadata"]["name"] == WATCHDOG for d in pods)
+    for doc in pods:
+        c = container(doc)
+        env = env_of(c)
+        name = f"{doc['kind']}/{doc['metadata']['name']}"
+        assert env["CRON_RUNNER_SCOPE"] == {"name": "CRON_RUNNER_SCOPE", "value": "shared"}, name
+        assert env["TEAM"]["value"] == "billing", name
+        assert c["envFrom"][0] == secret_ref, name
+        errors = [e for v in KUBE_VERSIONS for e in schema_errors(doc, v)]
+        assert errors == [], name

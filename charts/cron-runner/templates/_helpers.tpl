@@ -254,6 +254,44 @@ An env map as a JSON list of EnvVars, sorted by name: a scalar becomes
 {{- $out | toJson }}
 {{- end }}
 
+{{/*
+The chart's env list with the user's env maps over it, as a JSON list: the maps apply in
+order (runner.env, then a task's or workers group's env), and a name set in them replaces the
+chart's entry. Every pod the chart runs uses this, so a scope or credential set once in
+runner.env reaches tasks, workers, the watchdog and the test pod alike.
+Takes (dict "env" LIST "maps" (list MAP...)).
+*/}}
+{{- define "cron-runner.mergeEnv" -}}
+{{- $user := dict }}
+{{- range $m := .maps }}{{ range $k, $v := default dict $m }}{{ $_ := set $user $k $v }}{{ end }}{{ end }}
+{{- $out := list }}
+{{- range $e := .env }}
+{{- if not (hasKey $user $e.name) }}{{ $out = append $out $e }}{{ end }}
+{{- end }}
+{{- concat $out (include "cron-runner.envList" $user | fromJsonArray) | toJson }}
+{{- end }}
+
+{{/*
+The env of the pods that only read or check (the watchdog, the helm test): identity, scope,
+logging and Redis, with runner.env over them, as a JSON list.
+*/}}
+{{- define "cron-runner.opsEnv" -}}
+{{- $runner := .Values.runner }}
+{{- $env := list
+  (dict "name" "CRON_RUNNER_HOLDER" "valueFrom" (dict "fieldRef" (dict "fieldPath" "metadata.name")))
+  (dict "name" "CRON_RUNNER_SCOPE" "valueFrom" (dict "fieldRef" (dict "fieldPath" "metadata.namespace")))
+  (dict "name" "CRON_RUNNER_LOG_FORMAT" "value" (toString $runner.logFormat))
+  (dict "name" "CRON_RUNNER_LOG_LEVEL" "value" (toString $runner.logLevel))
+}}
+{{- range $pair := list (list "CRON_RUNNER_KEY_PREFIX" $runner.keyPrefix) (list "CRON_RUNNER_CONNECT_TIMEOUT" $runner.connectTimeout) }}
+{{- if index $pair 1 }}
+{{- $env = append $env (dict "name" (index $pair 0) "value" (toString (index $pair 1))) }}
+{{- end }}
+{{- end }}
+{{- $env = concat $env (include "cron-runner.redis.env" . | fromYamlArray) }}
+{{- include "cron-runner.mergeEnv" (dict "env" $env "maps" (list $runner.env)) }}
+{{- end }}
+
 {{/* jobDefaults fields a task may override; the task's value replaces the default whole. */}}
 {{- define "cron-runner.jobFields" -}}
 {{- list "concurrencyPolicy" "startingDeadlineSeconds" "successfulJobsHistoryLimit" "failedJobsHistoryLimit" "backoffLimit" "activeDeadlineSeconds" "ttlSecondsAfterFinished" "restartPolicy" "podFailurePolicy" "terminationGracePeriodSeconds" "resources" "nodeSelector" "tolerations" "affinity" "priorityClassName" "podAnnotations" "podLabels" "extraVolumes" "extraVolumeMounts" | toJson }}
