@@ -132,6 +132,8 @@ ACL_COMMANDS = [w for w in ACL_RULE.split() if w.startswith("+")]
 # follows a slot being moved), and for status, history, watchdog and unlock.
 ACL_CLUSTER = "+cluster|slots +command +asking"
 ACL_OPS = "+scan +hgetall +xrange +xrevrange"
+# Added when the URL names a database other than 0: redis-py selects it on connect.
+ACL_DB = "+select"
 
 
 def _acl_user(admin: redis.Redis, rule: str, name: str = "cron-runner") -> None:
@@ -238,6 +240,28 @@ def test_acl_refusal_is_a_configuration_error_naming_it(
         assert "ACL user lacks" in res.stderr
         assert "Traceback" not in res.stderr
     assert not effects.exists()
+
+
+def test_a_database_other_than_0_needs_select_added(
+    redis_server: RedisServer, r: redis.Redis, tmp_path: Path
+) -> None:
+    """The table of additions says `+select` for `/1`: without it the run is refused with
+    exit 2 naming SELECT; with it the run succeeds."""
+    effects = tmp_path / "effects"
+    url = redis_server.url.rsplit("/", 1)[0] + "/1"
+    env = runner_env(url, CRON_RUNNER_REDIS_USERNAME="cron-runner",
+                     CRON_RUNNER_REDIS_PASSWORD="s3cret")  # fmt: skip
+    _acl_user(r, ACL_RULE)
+    refused = run(["exec", "--name", "db1", "--", *_effect(effects)], env)
+    assert refused.returncode == 2, refused.stderr
+    assert "'select'" in refused.stderr
+    assert not effects.exists()
+    _acl_user(r, f"{ACL_RULE} {ACL_DB}")
+    ran = run(["exec", "--name", "db1", "--", *_effect(effects)], env)
+    assert (ran.returncode, outcome(ran.stderr)) == (0, "ran"), ran.stderr
+    assert len(side_effects(effects)) == 1
+    fence = "cron-runner:{default:db1}:fence"
+    assert (r.exists(fence), redis.Redis(port=redis_server.port, db=1).exists(fence)) == (0, 1)
 
 
 def test_ops_commands_need_only_the_ops_addition(redis_server: RedisServer, r: redis.Redis) -> None:
