@@ -136,14 +136,17 @@ DEFAULTS = Settings()
 
 
 def redact_url(url: str) -> str:
-    parts = urlsplit(url)
-    if parts.password is None and parts.username is None:
+    """The URL with everything between ``://`` and its last ``@`` masked, the user name aside.
+
+    Done on the text, not on a parse: an unencoded '/', '#' or '?' in a password ends the
+    host part for ``urlsplit``, which would then find no credentials to hide.
+    """
+    scheme, sep, rest = url.partition("://")
+    userinfo, at, hostpart = rest.rpartition("@")
+    if not sep or not at:
         return url
-    host = parts.hostname or ""
-    if parts.port:
-        host = f"{host}:{parts.port}"
-    user = f"{parts.username}:***@" if parts.username else "***@"
-    return parts._replace(netloc=user + host).geturl()
+    user = userinfo.partition(":")[0]
+    return f"{scheme}://{user + ':' if user else ''}***@{hostpart}"
 
 
 def _without_credentials(url: str) -> str:
@@ -218,7 +221,10 @@ def _split_url(url: str, origin: str, form: str) -> SplitResult:
 def _redis(src: _Source) -> RedisSettings:
     url, origin = src.get("REDIS_URL")
     url = url or DEFAULTS.redis.url
-    form = "redis://[user[:password]@]host[:port][/db], rediss://... or unix:///path/to/socket"
+    form = (
+        "redis://[user[:password]@]host[:port][/db], rediss://... or unix:///path/to/socket "
+        "(percent-encode '/', '#', '?' and '@' in a password, or set CRON_RUNNER_REDIS_PASSWORD)"
+    )
     parts = _split_url(url, origin, form)
     shown = redact_url(url)
     if parts.scheme not in ("redis", "rediss", "unix"):
@@ -260,6 +266,7 @@ def _redis(src: _Source) -> RedisSettings:
     for value, file_origin in tls.values():
         if value is not None and not os.path.isfile(value):  # noqa: PTH113 - a path string from env
             raise ConfigError(f"{file_origin}={value!r}: no such file")
+    _check_tls_files(tls)
     cluster = src.boolean("REDIS_CLUSTER", False)
     if cluster and sentinels:
         raise ConfigError(
@@ -280,6 +287,36 @@ def _redis(src: _Source) -> RedisSettings:
         min_replicas=int(min_replicas_raw or 0),
         connect_timeout_s=src.duration("CONNECT_TIMEOUT", DEFAULTS.redis.connect_timeout_s),
     )
+
+
+def _check_tls_files(tls: Mapping[str, tuple[str | None, str]]) -> None:
+    """Load the CA and the client pair once here, so an unreadable or wrong file is a
+    configuration error (exit 2) rather than handshakes failing until the connect deadline."""
+    (ca, ca_origin), (cert, cert_origin), (key, key_origin) = tls["CA"], tls["CERT"], tls["KEY"]
+    if ca is None and cert is None and key is None:
+        return
+    import ssl  # noqa: PLC0415 - only for TLS users (redis-py has imported it anyway)
+
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+    if ca is not None:
+        try:
+            context.load_verify_locations(cafile=ca)
+        except (ssl.SSLError, OSError) as exc:
+            raise ConfigError(
+                f"{ca_origin}={ca!r} is not a usable CA file ({exc}): expected PEM certificates"
+            ) from exc
+    if key is not None and cert is None:
+        raise ConfigError(
+            f"{key_origin} is set but {cert_origin} is not: a key needs its certificate"
+        )
+    if cert is not None:
+        try:  # without a key file, the key is in the certificate file
+            context.load_cert_chain(cert, key)
+        except (ssl.SSLError, OSError) as exc:
+            raise ConfigError(
+                f"{cert_origin}={cert!r} (with {key_origin}={key!r}) is not a usable PEM "
+                f"certificate and key ({exc})"
+            ) from exc
 
 
 def default_holder() -> str:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -150,3 +151,53 @@ def test_cronjob_pod_start_path_needs_no_croniter() -> None:
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.split() == [str(29934000 * 60), "False"]
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        # Unencoded '/', '#' and '?' end urlsplit's host part early: the password would be
+        # taken for a path, fragment or query, and shown.
+        "redis://:1234/Secr3t@127.0.0.1:6379/0",
+        "redis://:p#Secr3t@127.0.0.1:6379/0",
+        "redis://:p?Secr3t@127.0.0.1/0",
+        "redis://user:Secr3t@127.0.0.1:abc/0",  # a bad port next to credentials
+        "redis://user:Secr3t@127.0.0.1:70000/0",
+        "redis://user:Secr3t@:6379/0",
+    ],
+)
+def test_a_bad_url_with_credentials_is_refused_without_showing_them(url: str) -> None:
+    with pytest.raises(ConfigError) as refused:
+        load_settings({"CRON_RUNNER_REDIS_URL": url})
+    assert "Secr3t" not in str(refused.value)
+    assert "CRON_RUNNER_REDIS_URL" in str(refused.value)
+    assert "percent-encode" in str(refused.value)
+
+
+def test_redact_url_masks_up_to_the_last_at_sign() -> None:
+    assert redact_url("redis://u:p@ss/w#rd@h:1/0") == "redis://u:***@h:1/0"
+    assert redact_url("unix:///run/redis.sock") == "unix:///run/redis.sock"
+
+
+def test_tls_files_are_loaded_when_settings_are_built(tmp_path: Path) -> None:
+    from tests.helpers.topologies import make_tls_files  # noqa: PLC0415 - runs openssl
+
+    tls = make_tls_files(tmp_path)
+    not_pem = tmp_path / "not-a-cert.pem"
+    not_pem.write_text("hello\n")
+    good = {"CRON_RUNNER_REDIS_TLS_CA_FILE": tls.ca_cert,
+            "CRON_RUNNER_REDIS_TLS_CERT_FILE": tls.client_cert,
+            "CRON_RUNNER_REDIS_TLS_KEY_FILE": tls.client_key}  # fmt: skip
+    assert load_settings(good).redis.tls_ca_file == tls.ca_cert
+    cases = [
+        ({"CRON_RUNNER_REDIS_TLS_CA_FILE": str(not_pem)}, "CRON_RUNNER_REDIS_TLS_CA_FILE"),
+        ({**good, "CRON_RUNNER_REDIS_TLS_KEY_FILE": tls.server_key}, "not a usable PEM"),
+        (
+            {**good, "CRON_RUNNER_REDIS_TLS_CERT_FILE": str(not_pem)},
+            "CRON_RUNNER_REDIS_TLS_CERT_FILE",
+        ),
+        ({"CRON_RUNNER_REDIS_TLS_KEY_FILE": tls.client_key}, "a key needs its certificate"),
+    ]
+    for env, named in cases:
+        with pytest.raises(ConfigError, match=named):
+            load_settings(env)
