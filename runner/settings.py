@@ -369,9 +369,10 @@ def _slots(src: _Source) -> SlotSettings:
 
         try:
             ZoneInfo(tz)
-        except (ZoneInfoNotFoundError, ValueError) as exc:
+        # OSError: a name longer than the file system allows ("File name too long").
+        except (ZoneInfoNotFoundError, ValueError, OSError) as exc:
             raise ConfigError(
-                f"{tz_origin}={tz!r} is not a known time zone: expected an IANA name such as "
+                f"{tz_origin}={tz[:60]!r} is not a known time zone: expected an IANA name such as "
                 "'UTC' or 'Europe/Berlin'"
             ) from exc
     schedule, _ = src.get("SCHEDULE")

@@ -74,6 +74,7 @@ def _safe_to_use(env: dict[str, str]) -> None:
 @example({"REDIS_URL": "redis://[::1"})
 @example({"REDIS_URL": "redis://h/0?socket_timeout=x"})
 @example({"SCHEDULE": "* * * * *", "SKEW_TOLERANCE": "9" * 400})
+@example({"TIMEZONE": "x" * 300})
 def test_row9_settings_from_any_environment_are_usable_or_a_config_error(
     values: dict[str, str],
 ) -> None:
@@ -122,6 +123,7 @@ CLI_CASES = {
     "url option": (["exec", "--name", "x", "--", "true"],
                    {"CRON_RUNNER_REDIS_URL": "redis://h/0?socket_timeout=x"}),
     "prefix braces": (["exec", "--name", "x", "--", "true"], {"CRON_RUNNER_KEY_PREFIX": "{p}"}),
+    "long time zone": (["exec", "--name", "x", "--", "true"], {"CRON_RUNNER_TIMEZONE": "x" * 300}),
 }  # fmt: skip
 
 
@@ -136,6 +138,6 @@ def test_row9_hostile_input_through_the_cli_exits_2_without_a_traceback(
         assert "Traceback" not in res.stderr, (case, res.stderr)
         assert res.returncode == 2, (case, res.stderr)
         codes[case] = res.returncode
-    figure("9", duplicates=0, overlap_ms=0, generated_examples_max=800, explicit_examples=8,
+    figure("9", duplicates=0, overlap_ms=0, generated_examples_max=800, explicit_examples=9,
            references=10, cli_cases=len(codes),
            exit_codes=sorted(set(codes.values())))  # fmt: skip
