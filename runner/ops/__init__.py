@@ -1,4 +1,4 @@
-"""Operations subcommands: status, history, unlock, watchdog and check.
+"""Operations subcommands: status, history, unlock, forget, watchdog and check.
 
 Only the parsers live here: every run of ``cron-runner`` builds them, so each handler imports
 what it needs (state.py reads Redis, report.py renders, check.py checks).
@@ -33,6 +33,25 @@ def _duration(value: str) -> float:
         return parse_duration(value, "--tolerance")
     except ConfigError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from exc
+
+
+def _expected(value: str) -> tuple[str, str, str]:
+    """``TASK=SCHEDULE[;TZ]`` from --expect, validated now so a typo exits 2 naming it."""
+    from runner.keys import validate_name  # noqa: PLC0415
+    from runner.slots import Schedule  # noqa: PLC0415
+
+    task, sep, rest = value.partition("=")
+    schedule, _, timezone = rest.partition(";")
+    form = "expected TASK=SCHEDULE[;TZ], e.g. 'report=0 2 * * *;Europe/Berlin'"
+    if not sep or not task.strip() or not schedule.strip():
+        raise argparse.ArgumentTypeError(f"{value!r} is not valid: {form}")
+    task, schedule, timezone = task.strip(), schedule.strip(), timezone.strip() or "UTC"
+    try:
+        validate_name("--expect task", task)
+        Schedule.parse(schedule, timezone, 0.0)
+    except ConfigError as exc:
+        raise argparse.ArgumentTypeError(f"{value!r}: {exc}") from exc
+    return task, schedule, timezone
 
 
 def _output_flag(p: argparse.ArgumentParser) -> None:
@@ -90,14 +109,45 @@ def add_commands(sub: Any, add_flags: AddFlags) -> None:
     p.set_defaults(handler=cmd_unlock)
 
     p = sub.add_parser(
+        "forget",
+        help="delete a removed task's state and history, so status and watchdog drop it",
+        description="Delete TASK's state hash and run history. Its fencing counter stays (a "
+        "token must never be handed out twice) and its slot markers expire on their own. "
+        "Refused without --force, and while a run holds the lease. Logged.",
+    )
+    p.add_argument("task", metavar="TASK")
+    p.add_argument("--force", action="store_true", help="really delete it")
+    add_flags(p, ("CONNECT_TIMEOUT",))
+    p.set_defaults(handler=cmd_forget)
+
+    p = sub.add_parser(
         "watchdog",
         help="exit 1 naming every task that missed a scheduled run (for a CronJob's alerts)",
         description="For every task of the scope with a schedule in its state (set "
         "CRON_RUNNER_SCHEDULE, as the chart does), list the fire times after its last success "
         "that should have run by now minus the tolerance. Exit 1 if any task has one, else 0. "
-        "A task that never ran is not known to the watchdog.",
+        "A task becomes known when it first runs, or when --expect names it: then it is "
+        "overdue once a slot after that first expectation is missed, so a CronJob that never "
+        "fires is caught too (the chart passes every task). A task removed for good stays "
+        "known until `cron-runner forget TASK --force`.",
     )
     p.add_argument("--tolerance", type=_duration, default=DEFAULT_TOLERANCE, help=TOLERANCE_HELP)
+    p.add_argument(
+        "--expect",
+        action="append",
+        default=[],
+        type=_expected,
+        metavar="TASK=SCHEDULE[;TZ]",
+        help="a task that should run on this schedule (time zone default UTC), whether or not "
+        "it has run yet; repeat for each, e.g. --expect 'report=0 2 * * *;Europe/Berlin'",
+    )
+    p.add_argument(
+        "--ignore",
+        action="append",
+        default=[],
+        metavar="TASK",
+        help="do not check TASK (e.g. one suspended on purpose); repeat for each",
+    )
     _output_flag(p)
     add_flags(p, ("CONNECT_TIMEOUT",))
     p.set_defaults(handler=cmd_watchdog)
@@ -231,6 +281,34 @@ def cmd_unlock(args: argparse.Namespace, settings: Settings) -> int:
     return 1
 
 
+def cmd_forget(args: argparse.Namespace, settings: Settings) -> int:
+    from runner.keys import validate_name  # noqa: PLC0415
+    from runner.lease import holder_of  # noqa: PLC0415
+    from runner.ops.state import Reader  # noqa: PLC0415
+
+    validate_name("TASK", args.task)
+    if not args.force:
+        raise ConfigError(
+            f"forget {args.task}: refused without --force. It deletes the task's state and run "
+            f"history for good; look first with `cron-runner status {args.task}`."
+        )
+    lease = settings.lease
+    with _connected(settings, "forget") as client:
+        reader = Reader(client, lease.prefix, lease.scope)
+        token = client.get(reader.keys(args.task).lease)
+        if token is not None:
+            _write(f"not forgotten: {args.task} is running now (held by {holder_of(token)})\n")
+            return 1
+        deleted = reader.forget(args.task)
+    log.warning(
+        f"forgot {args.task}: deleted its state and history",
+        extra={"event": "forget", "task": args.task, "holder": lease.holder},
+    )
+    _write(f"forgot {args.task}: {deleted} key(s) deleted\n" if deleted else
+           f"{args.task}: nothing recorded; nothing deleted\n")  # fmt: skip
+    return 0
+
+
 def cmd_watchdog(args: argparse.Namespace, settings: Settings) -> int:
     from runner.ops import report  # noqa: PLC0415
     from runner.ops.state import Reader  # noqa: PLC0415
@@ -239,8 +317,13 @@ def cmd_watchdog(args: argparse.Namespace, settings: Settings) -> int:
     lease = settings.lease
     with _connected(settings, "watchdog") as client:
         reader = Reader(client, lease.prefix, lease.scope)
+        for task, schedule, timezone in args.expect:
+            reader.expect(task, schedule, timezone, now_s=now_s)
+        ignored = set(args.ignore)
         statuses = [
-            reader.status(n, now_s=now_s, tolerance_s=args.tolerance) for n in reader.tasks()
+            reader.status(n, now_s=now_s, tolerance_s=args.tolerance)
+            for n in reader.tasks()
+            if n not in ignored
         ]
     overdue = [s for s in statuses if s.overdue]
     unchecked = [s.task for s in statuses if s.overdue is None]
@@ -281,4 +364,8 @@ def cmd_watchdog(args: argparse.Namespace, settings: Settings) -> int:
         if unchecked:
             summary += f"; no schedule recorded for: {', '.join(unchecked)}"
         _write(f"{'FAIL' if overdue else 'ok'}  {summary} (scope {lease.scope!r})\n")
+        if overdue:
+            _write(
+                "(a task removed on purpose stays known until `cron-runner forget TASK --force`)\n"
+            )
     return 1 if overdue else 0

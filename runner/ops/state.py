@@ -18,6 +18,8 @@ from runner.lease import holder_of
 
 #: `cron-runner check` runs the lease scripts on tasks named like this; they are not listed.
 CHECK_TASK_PREFIX = "cron-runner-check-"
+#: State-hash field: when a watchdog was first told to expect a task that had not run yet.
+EXPECTED_SINCE = "expected_since"
 #: Missed slots listed per task; past this the listing says there are more.
 MISSED_LISTED = 10
 
@@ -198,7 +200,7 @@ class Reader:
                 # still lie ahead of now: the next slot is the one after both.
                 last_slot = _int(state.get("last_slot")) or 0
                 next_slot = schedule.next_after(max(now_s, last_slot))
-                covered = self._covered_until(task, schedule, last_success)
+                covered = self._covered_until(task, schedule, last_success, state)
                 if covered is not None:
                     missed = missed_slots(
                         schedule,
@@ -228,21 +230,43 @@ class Reader:
         )
 
     def _covered_until(
-        self, task: str, schedule: slots.Schedule, last_success: Result | None
+        self,
+        task: str,
+        schedule: slots.Schedule,
+        last_success: Result | None,
+        state: dict[str, str],
     ) -> float | None:
-        """Up to when the schedule is known to be served: the last successful slot, or, for a
-        task that never succeeded, just before the first slot it tried (its oldest record)."""
+        """Up to when the schedule is known to be served: the last successful slot; for a task
+        that never succeeded, just before the first slot it tried (its oldest record); for one
+        that never ran at all, the time a watchdog was first told to expect it."""
         if last_success is not None:
             return float(last_success.slot if last_success.slot is not None else last_success.at)
         oldest = self.client.xrange(self.keys(task).runs, count=1)
         if not oldest:
-            return None
+            return _float(state.get(EXPECTED_SINCE))
         first = record_of(*oldest[0])
         if first.slot is not None:
             return float(first.slot - 1)
         if first.started_at is None:
             return None
         return float(schedule.previous_at_or_before(first.started_at) - 1)
+
+    def expect(self, task: str, schedule: str, timezone: str, *, now_s: float) -> None:
+        """Make a task known before it first runs (``watchdog --expect``), so that a CronJob
+        that never fires is overdue too. Fields already there are kept: the first expectation
+        dates it, and a run's own schedule stays until its next run rewrites it."""
+        key = self.keys(task).state
+        pipe = self.client.pipeline(transaction=False)
+        pipe.hsetnx(key, EXPECTED_SINCE, f"{now_s:.3f}")
+        pipe.hsetnx(key, "schedule", schedule)
+        pipe.hsetnx(key, "timezone", timezone)
+        pipe.execute()
+
+    def forget(self, task: str) -> int:
+        """Delete a task's state and history (not its fence, which must never go back, nor its
+        slot markers, which expire): it is no longer known to status and the watchdog."""
+        keys = self.keys(task)
+        return int(self.client.delete(keys.state, keys.runs))
 
     def history(self, task: str, count: int) -> list[RunRecord]:
         entries = self.client.xrevrange(self.keys(task).runs, count=count)

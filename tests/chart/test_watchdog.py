@@ -77,7 +77,14 @@ def test_job_semantics_and_arguments(chart: Chart) -> None:
     assert pod_spec(cronjob)["restartPolicy"] == "Never"
     c = container(cronjob)
     assert c["command"] == ["cron-runner"]
-    assert c["args"] == ["watchdog", "--tolerance", "30m", "--output", "json"]
+    task = next(iter(values["tasks"]))
+    schedule = values["tasks"][task]["schedule"]
+    timezone = values["tasks"][task].get("timeZone", "UTC")
+    assert c["args"] == [
+        "watchdog", "--tolerance", "30m",
+        "--expect", f"{task}={schedule};{timezone}",
+        "--output", "json",
+    ]  # fmt: skip
     labels = job["template"]["metadata"]["labels"]
     assert labels["app.kubernetes.io/component"] == "watchdog"
     assert labels["app.kubernetes.io/instance"] == "cron-runner"
@@ -138,3 +145,21 @@ def test_runner_env_and_env_from_reach_every_pod_the_chart_runs(chart: Chart) ->
         assert c["envFrom"][0] == secret_ref, name
         errors = [e for v in KUBE_VERSIONS for e in schema_errors(doc, v)]
         assert errors == [], name
+
+
+def test_every_task_is_expected_and_a_suspended_one_ignored(chart: Chart) -> None:
+    """The watchdog knows every chart task before it first runs, so a CronJob that never fires
+    is overdue too; one suspended on purpose is not checked."""
+    values = with_watchdog("01-defaults-one-task-values.yaml")
+    values["tasks"] = {
+        "report": {"schedule": "0 2 * * *", "timeZone": "Europe/Berlin", "task": "report"},
+        "cleanup": {"schedule": "*/15 * * * *", "command": ["true"]},
+        "paused": {"schedule": "0 0 * * *", "command": ["true"], "suspend": True},
+    }
+    args = container(render(chart, values).one("CronJob", WATCHDOG))["args"]
+    assert args == [
+        "watchdog", "--tolerance", "10m",
+        "--expect", "cleanup=*/15 * * * *;UTC",
+        "--ignore", "paused",
+        "--expect", "report=0 2 * * *;Europe/Berlin",
+    ]  # fmt: skip

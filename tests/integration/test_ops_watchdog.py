@@ -142,3 +142,80 @@ def test_a_long_tolerance_excuses_a_late_run(redis_server: RedisServer) -> None:
     env = _cronjob_env(redis_server.url, "nightly", "0 3 * * *", old_slot)
     assert run(["exec", "--name", "nightly", "--", "true"], env).returncode == 0
     assert _watchdog(runner_env(redis_server.url), "--tolerance", "72h")[0] == 0
+
+
+def _faked_watchdog(
+    env: dict[str, str], shift: str, *args: str
+) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        ["faketime", "-f", shift, CRON_RUNNER, "watchdog", "--output", "json", *args],
+        env=env, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+
+
+def test_an_expected_task_that_never_ran_is_overdue_once_a_slot_passes(
+    redis_server: RedisServer, r: redis.Redis
+) -> None:
+    """The chart passes every task with --expect: a CronJob that never fires (suspended by
+    mistake, a controller that stopped, a schedule that never matches) fails the watchdog."""
+    env = runner_env(redis_server.url)
+    expect = ["--expect", "never=0 3 * * *", "--expect", "berlin=30 4 * * *;Europe/Berlin"]
+    # Told two days ago that these tasks exist: nothing was overdue yet then.
+    first = _faked_watchdog(env, "-2d", *expect)
+    assert first.returncode == 0, first.stderr
+    assert json.loads(first.stdout)["checked"] == 2
+    code, doc, _ = _watchdog(env, *expect)
+    assert code == 1
+    overdue = {o["task"]: o for o in doc["overdue"]}
+    assert sorted(overdue) == ["berlin", "never"]
+    assert overdue["berlin"]["timezone"] == "Europe/Berlin"
+    assert overdue["never"]["last_success_at"] is None
+    missed = overdue["never"]["missed"]["slots"]
+    assert 2 <= len(missed) <= 3  # the 03:00 UTC slots of the last two days
+    # Expecting again does not move the date: the first expectation stands.
+    since = r.hget("cron-runner:{default:never}:state", "expected_since")
+    assert _watchdog(env, *expect)[0] == 1
+    assert r.hget("cron-runner:{default:never}:state", "expected_since") == since
+    # Suspended on purpose: the chart passes --ignore, and those are not checked.
+    assert _watchdog(env, "--ignore", "never", "--ignore", "berlin")[0] == 0
+
+
+def test_an_expected_task_is_healthy_once_it_runs_and_unknown_before_any_slot(
+    redis_server: RedisServer,
+) -> None:
+    env = runner_env(redis_server.url)
+    # Expected just now: no slot has passed since, so nothing is overdue.
+    code, doc, _ = _watchdog(env, "--expect", "fresh=0 3 * * *")
+    assert (code, doc["checked"], doc["overdue"]) == (0, 1, [])
+    # Expected two days ago, then it ran for its latest slot: healthy.
+    assert _faked_watchdog(env, "-2d", "--expect", "late=*/5 * * * *").returncode == 0
+    assert _watchdog(env, "--expect", "late=*/5 * * * *")[0] == 1
+    ran = {**env, "CRON_RUNNER_SCHEDULE": "*/5 * * * *"}
+    assert run(["exec", "--name", "late", "--", "true"], ran).returncode == 0
+    assert _watchdog(env, "--expect", "late=*/5 * * * *")[0] == 0
+
+
+def test_forget_drops_a_removed_task_from_the_watchdog(
+    redis_server: RedisServer, r: redis.Redis
+) -> None:
+    schedule = Schedule.parse("0 3 * * *", "UTC", 0)
+    old_slot = schedule.previous_at_or_before(time.time() - 2 * DAY_S)
+    env = _cronjob_env(redis_server.url, "removed", "0 3 * * *", old_slot)
+    assert run(["exec", "--name", "removed", "--", "true"], env).returncode == 0
+    plain = runner_env(redis_server.url)
+    text = run(["watchdog"], plain)
+    assert text.returncode == 1
+    assert "cron-runner forget TASK --force" in text.stdout
+    refused = run(["forget", "removed"], plain)
+    assert refused.returncode == 2
+    assert "--force" in refused.stderr
+    r.set("cron-runner:{default:removed}:lease", "pod-x:1", px=60_000)
+    assert run(["forget", "removed", "--force"], plain).returncode == 1  # running now
+    r.delete("cron-runner:{default:removed}:lease")
+    fence_before = r.get("cron-runner:{default:removed}:fence")
+    forgot = run(["forget", "removed", "--force"], plain)
+    assert forgot.returncode == 0, forgot.stderr
+    assert "2 key(s) deleted" in forgot.stdout
+    assert any(e.get("event") == "forget" for e in events(forgot.stderr))
+    assert _watchdog(plain)[0] == 0
+    assert r.get("cron-runner:{default:removed}:fence") == fence_before  # never goes back
