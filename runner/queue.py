@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any
 from runner import clock
 from runner.errors import ConfigError
 from runner.keys import TaskKeys
-from runner.settings import Settings, _Source, parse_duration
+from runner.settings import Settings, _Source, _whole_number, parse_duration
 from runner.targets import PythonTarget
 from runner.tasks import QUEUE_NAME_RE, RunContext, TaskSpec, queue_options
 
@@ -57,10 +57,14 @@ DEFAULT_RETRIES = 3
 DEFAULT_MIN_BACKOFF_S = 15.0
 DEFAULT_MAX_BACKOFF_S = 3600.0
 
-_SIZE_RE = re.compile(r"^\s*(\d+)\s*(b|k|kb|kib|m|mb|mib)?\s*$", re.IGNORECASE)
+_SIZE_RE = re.compile(r"^\s*([0-9]+)\s*(b|k|kb|kib|m|mb|mib)?\s*$", re.IGNORECASE)
 _SIZE_UNITS = {None: 1, "b": 1, "k": 1024, "kb": 1024, "kib": 1024,
                "m": 1 << 20, "mb": 1 << 20, "mib": 1 << 20}  # fmt: skip
 SIZE_FORM = "a number of bytes, or with a unit: '65536', '64KiB', '1MiB'"
+# Redis refuses a bulk string over 512 MiB (proto-max-bulk-len); no message can be larger.
+MAX_MESSAGE_BYTES_LIMIT = 512 << 20
+MAX_PROCESSES = 256
+MAX_THREADS = 1024
 
 
 class MessageTooLarge(ConfigError):
@@ -78,11 +82,17 @@ class MessageTooLarge(ConfigError):
 
 def parse_size(value: str, origin: str) -> int:
     match = _SIZE_RE.match(value)
+    shown = value[:40]
     if not match:
-        raise ConfigError(f"{origin}={value!r} is not a size: expected {SIZE_FORM}")
-    size = int(match.group(1)) * _SIZE_UNITS[(match.group(2) or "").lower() or None]
+        raise ConfigError(f"{origin}={shown!r} is not a size: expected {SIZE_FORM}")
+    digits = match.group(1).lstrip("0") or "0"
+    if len(digits) > 12:  # over the limit in any unit; and int() refuses 4,300 digits or more
+        raise ConfigError(f"{origin}={shown!r} is too large: expected at most 512MiB")
+    size = int(digits) * _SIZE_UNITS[(match.group(2) or "").lower() or None]
     if size < 1024:
-        raise ConfigError(f"{origin}={value!r} is too small: expected at least 1KiB")
+        raise ConfigError(f"{origin}={shown!r} is too small: expected at least 1KiB")
+    if size > MAX_MESSAGE_BYTES_LIMIT:
+        raise ConfigError(f"{origin}={shown!r} is too large: expected at most 512MiB")
     return size
 
 
@@ -119,12 +129,15 @@ def namespace_for(settings: Settings) -> str:
     return f"{settings.lease.prefix}:queue:{settings.lease.scope}"
 
 
-def _whole(src: _Source, name: str, default: int, minimum: int) -> int:
+def _whole(src: _Source, name: str, default: int, minimum: int, maximum: int) -> int:
     value, origin = src.get(name)
     if value is None:
         return default
-    if not value.isdigit() or int(value) < minimum:
-        raise ConfigError(f"{origin}={value!r} is not valid: expected a whole number >= {minimum}")
+    if not _whole_number(value) or not minimum <= int(value) <= maximum:
+        raise ConfigError(
+            f"{origin}={value[:40]!r} is not valid: expected a whole number from {minimum} to "
+            f"{maximum}"
+        )
     return int(value)
 
 
@@ -171,8 +184,8 @@ def load_queue_settings(
         ),
         poll_interval_s=src.duration("WORKER_POLL_INTERVAL", DEFAULT_POLL_INTERVAL_S),
         queues=queues,
-        processes=_whole(src, "WORKER_PROCESSES", 1, 1),
-        threads=_whole(src, "WORKER_THREADS", DEFAULT_THREADS, 1),
+        processes=_whole(src, "WORKER_PROCESSES", 1, 1, MAX_PROCESSES),
+        threads=_whole(src, "WORKER_THREADS", DEFAULT_THREADS, 1, MAX_THREADS),
     )
 
 

@@ -19,6 +19,7 @@ from runner import store
 from runner.errors import ConfigError
 from runner.execution import resolve_slot, retention_s
 from runner.keys import TaskKeys
+from runner.queue import MAX_MESSAGE_BYTES_LIMIT, MAX_PROCESSES, MAX_THREADS, load_queue_settings
 from runner.settings import load_settings
 from runner.tasks import Registry
 from tests.fault.conftest import Figure
@@ -30,6 +31,10 @@ VARIABLES = [
     "REDIS_CLUSTER", "REDIS_MIN_REPLICAS", "KEY_PREFIX", "LEASE_TTL", "CONNECT_TIMEOUT",
     "SKEW_TOLERANCE", "SLOT_RETENTION", "SHUTDOWN_GRACE", "TASK_MODULES", "MODE", "SCHEDULE",
     "TIMEZONE", "JOB_NAME", "CRONJOB_NAME", "HOLDER", "SCOPE", "LOG_FORMAT", "LOG_LEVEL",
+    # Queue mode (runner/queue.py), read by `worker`, `dlq` and an enqueue-mode `run`.
+    "MAX_MESSAGE_SIZE", "WORKER_QUEUES", "WORKER_PROCESSES", "WORKER_THREADS",
+    "WORKER_POLL_INTERVAL", "QUEUE_HEARTBEAT_TIMEOUT", "QUEUE_MAINTENANCE_CHANCE",
+    "QUEUE_DEAD_MESSAGE_TTL",
 ]  # fmt: skip
 
 # Values a fuzzer rarely finds on its own: the edges of each parser.
@@ -56,6 +61,9 @@ def _safe_to_use(env: dict[str, str]) -> None:
     either works or raises ConfigError."""
     try:
         s = load_settings(env)
+        qs = load_queue_settings(s, env)
+        assert 0 < qs.max_message_bytes <= MAX_MESSAGE_BYTES_LIMIT
+        assert 0 < qs.processes <= MAX_PROCESSES and 0 < qs.threads <= MAX_THREADS
         assert s.lease.ttl_ms > 0
         assert urlsplit(s.redis.display_url).password is None
         TaskKeys(s.lease.prefix, s.lease.scope, "task").all_keys()
@@ -71,6 +79,9 @@ def _safe_to_use(env: dict[str, str]) -> None:
 @given(st.dictionaries(st.sampled_from(VARIABLES), hostile_text, max_size=6))
 @example({"LEASE_TTL": "9" * 400})
 @example({"REDIS_MIN_REPLICAS": "²"})
+@example({"WORKER_THREADS": "²"})
+@example({"WORKER_PROCESSES": "9" * 5000})
+@example({"MAX_MESSAGE_SIZE": "9" * 5000})
 @example({"REDIS_URL": "redis://[::1"})
 @example({"REDIS_URL": "redis://h/0?socket_timeout=x"})
 @example({"SCHEDULE": "* * * * *", "SKEW_TOLERANCE": "9" * 400})
@@ -124,6 +135,12 @@ CLI_CASES = {
                    {"CRON_RUNNER_REDIS_URL": "redis://h/0?socket_timeout=x"}),
     "prefix braces": (["exec", "--name", "x", "--", "true"], {"CRON_RUNNER_KEY_PREFIX": "{p}"}),
     "long time zone": (["exec", "--name", "x", "--", "true"], {"CRON_RUNNER_TIMEZONE": "x" * 300}),
+    "worker superscript": (["worker", "--threads", "²"], {}),
+    "worker huge processes": (["worker", "--processes", "9" * 5000], {}),
+    "worker huge size": (["worker"], {"CRON_RUNNER_MAX_MESSAGE_SIZE": "9" * 5000}),
+    "enqueue superscript": (["run", "ok"], {"CRON_RUNNER_MODE": "enqueue",
+                                            "CRON_RUNNER_WORKER_THREADS": "²"}),
+    "dlq huge size": (["dlq", "list", "ok"], {"CRON_RUNNER_MAX_MESSAGE_SIZE": "9" * 5000}),
 }  # fmt: skip
 
 
@@ -138,6 +155,6 @@ def test_row9_hostile_input_through_the_cli_exits_2_without_a_traceback(
         assert "Traceback" not in res.stderr, (case, res.stderr)
         assert res.returncode == 2, (case, res.stderr)
         codes[case] = res.returncode
-    figure("9", duplicates=0, overlap_ms=0, generated_examples_max=800, explicit_examples=9,
+    figure("9", duplicates=0, overlap_ms=0, generated_examples_max=800, explicit_examples=12,
            references=10, cli_cases=len(codes),
            exit_codes=sorted(set(codes.values())))  # fmt: skip

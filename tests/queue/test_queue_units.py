@@ -29,7 +29,10 @@ def test_parse_size(text: str, size: int) -> None:
     assert parse_size(text, "X") == size
 
 
-@pytest.mark.parametrize("text", ["", "lots", "-1", "1.5KiB", "64 GiB", "1023"])
+@pytest.mark.parametrize(
+    "text",
+    ["", "lots", "-1", "1.5KiB", "64 GiB", "1023", "²", "\u0661\u0662KiB", "513MiB", "9" * 5000],
+)
 def test_parse_size_refuses(text: str) -> None:
     with pytest.raises(ConfigError, match="X="):
         parse_size(text, "X")
@@ -63,6 +66,10 @@ def test_queue_settings_defaults_and_overrides() -> None:
     [
         ({"CRON_RUNNER_WORKER_THREADS": "0"}, "CRON_RUNNER_WORKER_THREADS='0' is not valid"),
         ({"CRON_RUNNER_WORKER_PROCESSES": "two"}, "CRON_RUNNER_WORKER_PROCESSES='two'"),
+        ({"CRON_RUNNER_WORKER_THREADS": "²"}, "THREADS='²' is not valid: expected a whole number"),
+        ({"CRON_RUNNER_WORKER_PROCESSES": "9" * 5000}, "expected a whole number from 1 to 256"),
+        ({"CRON_RUNNER_WORKER_THREADS": "1025"}, "expected a whole number from 1 to 1024"),
+        ({"CRON_RUNNER_MAX_MESSAGE_SIZE": "9" * 5000}, "SIZE='9999.*' is too large"),
         ({"CRON_RUNNER_WORKER_QUEUES": "9lives"}, "queue '9lives' is not valid"),
         ({"CRON_RUNNER_QUEUE_MAINTENANCE_CHANCE": "2"}, "expected a probability"),
         ({"CRON_RUNNER_QUEUE_HEARTBEAT_TIMEOUT": "100ms"}, "too small"),
