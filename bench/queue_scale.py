@@ -210,7 +210,7 @@ def run_cron_runner(jobs: int, workers: int, threads: int, kill: int, kill_at: f
                   30, "the workers to start")  # fmt: skip
             result.memory_before_bytes = _memory(r)[0]
             settings = load_settings({"CRON_RUNNER_REDIS_URL": server.url})
-            producer = Producer(settings, QueueSettings(namespace=NAMESPACE))
+            producer = Producer(settings, QueueSettings(namespace=NAMESPACE), queues={TASK: TASK})
             started = time.monotonic()
             first_ms = int(time.time() * 1000)
             producer.send_many(

@@ -27,11 +27,11 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from runner import clock
-from runner.errors import ConfigError
+from runner.errors import ConfigError, UnknownTask
 from runner.keys import TaskKeys
 from runner.settings import Settings, _Source, _whole_number, parse_duration
 from runner.targets import PythonTarget
-from runner.tasks import QUEUE_NAME_RE, RunContext, TaskSpec, queue_options
+from runner.tasks import QUEUE_NAME_RE, Registry, RunContext, TaskSpec, queue_options
 
 if TYPE_CHECKING:
     from dramatiq import Message as _Message
@@ -330,6 +330,11 @@ class Producer:
     """Send messages to the workers from Python: ``Producer(settings).send("report", {...})``.
 
     A payload is a JSON object of references (ids, keys), kept under the message size limit.
+    A message goes to its task's queue, the one its workers consume: the ``queues`` given
+    here, else the registered task's ``@task(queue=...)`` (default: its name). The registry is
+    ``registry``, or the tasks of ``CRON_RUNNER_TASK_MODULES`` and the entry points. A task
+    neither registered nor in ``queues`` is refused: its queue is unknown, and a guess would
+    leave the message where no worker looks.
     """
 
     def __init__(
@@ -338,6 +343,7 @@ class Producer:
         queue_settings: QueueSettings | None = None,
         *,
         queues: Mapping[str, str] | None = None,
+        registry: Registry | None = None,
         client: Any = None,
     ) -> None:
         from runner import store  # noqa: PLC0415
@@ -346,12 +352,30 @@ class Producer:
         self.settings = settings
         self.qs = queue_settings or QueueSettings(namespace=namespace_for(settings))
         self.queues = dict(queues or {})
+        for task, queue in self.queues.items():
+            if not QUEUE_NAME_RE.match(queue):
+                raise ConfigError(f"Producer: queues[{task!r}]={queue!r} is not a queue name")
+        self._registry = registry
         self._own_client = client is None
         self.client = client or store.connect(settings.redis, settings.lease.ttl_s)
         self.broker = make_broker(self.client, self.qs)
 
     def queue_for(self, task: str) -> str:
-        return self.queues.get(task, task)
+        queue = self.queues.get(task)
+        if queue is not None:
+            return queue
+        if self._registry is None:
+            self._registry = Registry.discover(self.settings.run.task_modules)
+        known = self._registry.names()
+        if task not in known:
+            raise UnknownTask(
+                f"Producer: task {task!r} is not registered in this process (@task in "
+                "CRON_RUNNER_TASK_MODULES or an entry point), so its queue is unknown: register "
+                f"it here, or name its queue with Producer(..., queues={{{task!r}: 'QUEUE'}}); "
+                f"known tasks: {', '.join(known) or 'none'}"
+            )
+        self.queues[task] = queue = queue_of(self._registry.resolve(task))
+        return queue
 
     def message(
         self,

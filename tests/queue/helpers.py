@@ -104,5 +104,7 @@ def cli(env: dict[str, str], *args: str, timeout: float = 60) -> subprocess.Comp
 
 def producer(server: RedisServer) -> Producer:
     """A sender as a task or a script would have one, on the tests' namespace."""
-    settings = load_settings({"CRON_RUNNER_REDIS_URL": server.url})
+    settings = load_settings(
+        {"CRON_RUNNER_REDIS_URL": server.url, "CRON_RUNNER_TASK_MODULES": TASK_MODULES}
+    )
     return Producer(settings, QueueSettings(namespace=NAMESPACE))

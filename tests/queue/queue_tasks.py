@@ -45,6 +45,12 @@ def ok(ctx: RunContext) -> None:
     effect(ctx, "ran")
 
 
+@task("q-billed", queue="billing")
+def billed(ctx: RunContext) -> None:
+    """On a queue of its own, as the README's invoices on "billing"."""
+    effect(ctx, "ran")
+
+
 @task("q-flaky", retries=3, min_backoff="300ms", max_backoff="5s")
 def flaky(ctx: RunContext) -> None:
     """Fails on its first two attempts, then succeeds."""

@@ -20,6 +20,7 @@ import pytest
 import redis
 
 from runner.devserver import RedisServer
+from runner.errors import ConfigError, UnknownTask
 from runner.keys import TaskKeys
 from runner.queue import Producer, QueueSettings, make_broker, message_id_for
 from runner.settings import load_settings
@@ -27,6 +28,7 @@ from tests.helpers.proc import events, outcome
 from tests.helpers.wait import wait_for
 from tests.queue.helpers import (
     NAMESPACE,
+    TASK_MODULES,
     WorkerProc,
     cli,
     effects,
@@ -277,13 +279,54 @@ def test_sigterm_puts_back_a_job_that_cannot_finish_in_the_grace(
     assert stats(r, task).dead == 0
 
 
+# --- the producer --------------------------------------------------------------------------
+
+
+def test_producer_sends_to_the_queue_the_task_names(
+    redis_server: RedisServer, r: redis.Redis, workers: list[WorkerProc]
+) -> None:
+    # The README's shape: @task("invoices", queue="billing"), a worker on --queues billing,
+    # and Producer(settings).send("invoices", ...) from the web app.
+    p = producer(redis_server)
+    sent = p.send("q-billed", {"invoice_id": 42})
+    p.close()
+    assert (stats(r, "billing").ready, stats(r, "q-billed").ready) == (1, 0)
+    w = start_worker(workers, queue_env(redis_server), "--queues", "billing")
+    wait_for(lambda: effects(r, "ran"), 20, "the billing worker to run the job")
+    (ran,) = effects(r, "ran")
+    assert (ran["task"], ran["payload"]) == ("q-billed", {"invoice_id": 42})
+    assert [e["message_id"] for e in w.events("finished")] == [sent]
+    assert stats(r, "billing").ready == 0
+
+
+def test_producer_refuses_a_task_whose_queue_it_cannot_know(
+    redis_server: RedisServer, r: redis.Redis
+) -> None:
+    p = producer(redis_server)
+    # A typo, or a task this process does not import: refused, not parked on a queue named
+    # after it that no worker reads.
+    with pytest.raises(UnknownTask, match=r"'q-typo' is not registered .*queues=\{'q-typo'"):
+        p.send("q-typo")
+    # A sender without the tasks' code names the queues itself; that also wins over @task.
+    mapped = Producer(p.settings, p.qs, queues={"q-elsewhere": "billing", "q-ok": "other"})
+    mapped.send("q-elsewhere")
+    mapped.send("q-ok")
+    mapped.close()
+    p.close()
+    assert (stats(r, "billing").ready, stats(r, "other").ready, stats(r, "q-ok").ready) == (1, 1, 0)
+    with pytest.raises(ConfigError, match="not a queue name"):
+        Producer(p.settings, p.qs, queues={"x": "9lives"})
+
+
 # --- payload size -------------------------------------------------------------------------------
 
 
 def test_a_message_over_the_size_limit_is_refused_with_a_clear_error(
     redis_server: RedisServer, r: redis.Redis
 ) -> None:
-    settings = load_settings({"CRON_RUNNER_REDIS_URL": redis_server.url})
+    settings = load_settings(
+        {"CRON_RUNNER_REDIS_URL": redis_server.url, "CRON_RUNNER_TASK_MODULES": TASK_MODULES}
+    )
     p = Producer(settings, QueueSettings(namespace=NAMESPACE, max_message_bytes=4096))
     p.send("q-ok", {"invoice_ids": list(range(100))})
     with pytest.raises(
