@@ -39,7 +39,7 @@ from dramatiq.middleware import Middleware, Retries, TimeLimit
 from redis.exceptions import RedisError
 
 from runner import clock, store
-from runner.errors import Cancelled, ConfigError
+from runner.errors import Cancelled, ConfigError, CronRunnerError, StoreUnavailable
 from runner.keys import TaskKeys
 from runner.lease import Lease
 from runner.logs import RunLogger, run_logger
@@ -60,6 +60,8 @@ RAN = "ran"
 FAILED = "failed"
 REQUEUED = "requeued"
 _STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+# A worker process's exit codes that the pod's exit repeats (runner/errors.py).
+_PASSED_ON = (ConfigError.exit_code, StoreUnavailable.exit_code)
 # KEYS: the dead-letter hash   ARGV: id, message. Only while it is still there (not purged).
 _REFRESH_DEAD = """
 if redis.call('HEXISTS', KEYS[1], ARGV[1]) == 1 then
@@ -447,6 +449,11 @@ def _child(
     signal.pthread_sigmask(signal.SIG_UNBLOCK, _STOP_SIGNALS)
     try:
         code = serve(settings, qs, registry, worker_id=worker_id, stop=stop)
+    except CronRunnerError as exc:
+        # As the CLI edge does for one process: no traceback, and the code says which fault,
+        # so that the supervisor can pass a 2 (configuration) or a 3 (Redis unreachable) on.
+        log.error(str(exc), extra={"event": "error", "exit_code": exc.exit_code})
+        code = exc.exit_code
     except Exception:
         log.exception("worker process failed", extra={"event": "worker_failed"})
         code = 1
@@ -457,7 +464,8 @@ def _child(
 def supervise(settings: Settings, qs: QueueSettings, registry: Registry) -> int:
     """``--processes N``: N forked worker processes. SIGTERM is passed on; if one dies on its
     own, the others are stopped too and the exit is non-zero, so that the pod restarts
-    visibly rather than running short-handed."""
+    visibly rather than running short-handed: the child's own 2 (configuration) or 3 (Redis
+    unreachable) as with one process, else 1."""
     if qs.processes == 1:
         return serve(settings, qs, registry, worker_id=settings.lease.holder)
     fork = multiprocessing.get_context("fork")
@@ -489,7 +497,7 @@ def supervise(settings: Settings, qs: QueueSettings, registry: Registry) -> int:
                     "the others",
                     extra={"event": "worker_failed", "pid": child.pid},
                 )
-                code = 1
+                code = child.exitcode if child.exitcode in _PASSED_ON else 1
                 _signal_all(children, signal.SIGTERM)
                 forwarded = True
     for child in children:

@@ -19,12 +19,12 @@ from typing import cast
 import pytest
 import redis
 
-from runner.devserver import RedisServer
+from runner.devserver import RedisServer, free_port
 from runner.errors import ConfigError, UnknownTask
 from runner.keys import TaskKeys
 from runner.queue import Producer, QueueSettings, make_broker, message_id_for
 from runner.settings import load_settings
-from tests.helpers.proc import events, outcome
+from tests.helpers.proc import events, outcome, runner_env
 from tests.helpers.wait import wait_for
 from tests.queue.helpers import (
     NAMESPACE,
@@ -431,6 +431,23 @@ def test_a_dead_worker_process_stops_the_pod(
     assert w.wait(30) == 1
     assert w.events("worker_failed")
     assert len(w.events("worker_stopped")) == 1, "the other process stopped cleanly"
+
+
+@pytest.mark.parametrize("processes", ["1", "2"])
+def test_worker_exit_codes_name_the_fault_with_any_number_of_processes(processes: str) -> None:
+    # The pod's exit code says what is wrong, as for a run: 3 when Redis cannot be reached
+    # (retried: the pod restarts), 2 when the configuration is wrong (the credentials here).
+    nobody = runner_env(f"redis://127.0.0.1:{free_port()}/0", CRON_RUNNER_CONNECT_TIMEOUT="500ms",
+                        CRON_RUNNER_TASK_MODULES=TASK_MODULES)  # fmt: skip
+    down = cli(nobody, "worker", "--processes", processes)
+    assert (down.returncode, "Traceback" in down.stderr) == (3, False), down.stderr
+    assert "unreachable" in down.stderr
+
+    with RedisServer(extra_args=["--requirepass", "s3cret"]) as locked:
+        wrong = cli(queue_env(locked, CRON_RUNNER_REDIS_PASSWORD="wrong"),
+                    "worker", "--processes", processes)  # fmt: skip
+    assert (wrong.returncode, "Traceback" in wrong.stderr) == (2, False), wrong.stderr
+    assert "refused the credentials" in wrong.stderr
 
 
 def test_a_worker_without_tasks_is_a_configuration_error(redis_server: RedisServer) -> None:
