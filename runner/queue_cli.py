@@ -20,9 +20,10 @@ from runner.tasks import TaskSpec
 AddFlags = Callable[[argparse.ArgumentParser, Sequence[str]], None]
 
 WORKER_EPILOG = """Each registered task is an actor on its queue (@task(queue=...), default: the task's
-name); a message runs it with the slot and fencing token taken at enqueue. Retries use
-exponential backoff with jitter (@task(retries=, min_backoff=, max_backoff=)); after the last,
-the message goes to the dead-letter queue (cron-runner dlq). On SIGTERM, running jobs get
+name; a task whose name cannot be a queue name and that names no queue is left out); a
+message runs it with the slot and fencing token taken at enqueue. Retries use exponential
+backoff with jitter (@task(retries=, min_backoff=, max_backoff=)); after the last, the message
+goes to the dead-letter queue (cron-runner dlq). On SIGTERM, running jobs get
 CRON_RUNNER_SHUTDOWN_GRACE to finish; near its end ctx.check() raises, and whatever still runs
 is put back on its queue. Exit: 0 after a clean stop, 143 if jobs were put back, 1 if a worker
 process died, 2 configuration, 3 Redis unreachable at start.

@@ -29,7 +29,7 @@ import threading
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from types import FrameType
-from typing import Any
+from typing import Any, NamedTuple
 
 import dramatiq
 from dramatiq.broker import Broker, MessageProxy
@@ -207,9 +207,8 @@ class Actors:
         self.runtime = runtime
         self.record_client = record_client
 
-    def declare(self, spec: TaskSpec) -> str:
+    def declare(self, spec: TaskSpec, queue: str) -> None:
         opts = queue_options(spec.fn)
-        queue = queue_of(spec)
         options: dict[str, Any] = {}
         if opts.max_retries is not None:
             options["max_retries"] = opts.max_retries
@@ -227,7 +226,6 @@ class Actors:
             priority=0,
             options=options,
         )
-        return queue
 
     def _runner(self, spec: TaskSpec) -> Callable[..., None]:
         def run(
@@ -347,16 +345,52 @@ class _StopFlag:
         return self
 
 
-def build(
-    settings: Settings, qs: QueueSettings, registry: Registry, worker_id: str
-) -> tuple[RedisBroker, Runtime, set[str], Any]:
-    """The broker with the actors of every registered task, and the queues to consume."""
+class Plan(NamedTuple):
+    """What a worker serves: each task with its queue, and the queues it consumes."""
+
+    actors: tuple[tuple[TaskSpec, str], ...]
+    queues: frozenset[str]
+
+
+def plan(registry: Registry, qs: QueueSettings) -> Plan:
+    """Every registered task whose queue is known becomes an actor, whichever queues this
+    worker consumes: a CronJob may send a task to another queue (CRON_RUNNER_QUEUE), and the
+    worker there must know it. A task whose name cannot be a queue name and that names no
+    queue is left out: it cannot be enqueued either (enqueue mode refuses it), so it is a
+    run-mode task, and it must not keep the worker from starting."""
     specs = registry.specs()
     if not specs:
         raise ConfigError(
             "worker: no tasks registered: set CRON_RUNNER_TASK_MODULES or install a package with "
             "a cron_runner.tasks entry point"
         )
+    actors: list[tuple[TaskSpec, str]] = []
+    left_out: list[str] = []
+    for spec in specs:
+        try:
+            actors.append((spec, queue_of(spec)))
+        except ConfigError:
+            left_out.append(spec.name)
+    if left_out:
+        log.log(
+            logging.DEBUG if qs.queues else logging.WARNING,
+            f"not served by workers: {', '.join(left_out)}: a name that cannot be a queue name "
+            "and no @task(..., queue='name'); fine for run-mode tasks",
+            extra={"event": "tasks_not_served"},
+        )
+    queues = frozenset(qs.queues) or frozenset(queue for _, queue in actors)
+    if not queues:
+        raise ConfigError(
+            f"worker: no registered task can run from a queue ({', '.join(left_out)}: names "
+            "must start with a letter or '_'): give them one with @task(..., queue='name')"
+        )
+    return Plan(tuple(actors), queues)
+
+
+def build(
+    settings: Settings, qs: QueueSettings, served: Plan, worker_id: str
+) -> tuple[RedisBroker, Runtime, Any]:
+    """The broker with the planned actors and the queues to consume declared."""
     client = store.connect(settings.redis, settings.lease.ttl_s, decode_responses=False)
     record_client = store.connect(settings.redis, settings.lease.ttl_s)
     runtime = Runtime(worker_id)
@@ -369,23 +403,25 @@ def build(
     middleware = [runtime, TimeLimit(time_limit=float("inf")), retries]
     broker = make_broker(client, qs, middleware)
     actors = Actors(settings, broker, runtime, record_client)
-    queues = {actors.declare(spec) for spec in specs}
-    for queue in qs.queues:
+    for spec, queue in served.actors:
+        actors.declare(spec, queue)
+    for queue in served.queues:
         broker.declare_queue(queue)
-    return broker, runtime, set(qs.queues) or queues, record_client
+    return broker, runtime, record_client
 
 
 def serve(
     settings: Settings,
     qs: QueueSettings,
-    registry: Registry,
+    served: Plan,
     *,
     worker_id: str,
     stop: _StopFlag | None = None,
 ) -> int:
     """One worker process until SIGTERM. 0 after a clean stop, 143 if jobs had to be put back."""
     stop = stop or _StopFlag().install()
-    broker, runtime, queues, record_client = build(settings, qs, registry, worker_id)
+    broker, runtime, record_client = build(settings, qs, served, worker_id)
+    queues = set(served.queues)
     deadline = clock.monotonic() + settings.redis.connect_timeout_s
     store.with_deadline(
         broker.client.ping, deadline_s=deadline, what="worker", where=settings.redis.display_target
@@ -443,12 +479,12 @@ def _leave(broker: RedisBroker, queues: Iterable[str]) -> None:
 
 
 def _child(
-    settings: Settings, qs: QueueSettings, registry: Registry, worker_id: str
+    settings: Settings, qs: QueueSettings, served: Plan, worker_id: str
 ) -> None:  # pragma: no cover - runs in a forked process
     stop = _StopFlag().install()
     signal.pthread_sigmask(signal.SIG_UNBLOCK, _STOP_SIGNALS)
     try:
-        code = serve(settings, qs, registry, worker_id=worker_id, stop=stop)
+        code = serve(settings, qs, served, worker_id=worker_id, stop=stop)
     except CronRunnerError as exc:
         # As the CLI edge does for one process: no traceback, and the code says which fault,
         # so that the supervisor can pass a 2 (configuration) or a 3 (Redis unreachable) on.
@@ -466,8 +502,9 @@ def supervise(settings: Settings, qs: QueueSettings, registry: Registry) -> int:
     own, the others are stopped too and the exit is non-zero, so that the pod restarts
     visibly rather than running short-handed: the child's own 2 (configuration) or 3 (Redis
     unreachable) as with one process, else 1."""
+    served = plan(registry, qs)
     if qs.processes == 1:
-        return serve(settings, qs, registry, worker_id=settings.lease.holder)
+        return serve(settings, qs, served, worker_id=settings.lease.holder)
     fork = multiprocessing.get_context("fork")
     stop = _StopFlag().install()
     # Signals arriving between fork and a child's own handlers must wait, not kill it.
@@ -475,7 +512,7 @@ def supervise(settings: Settings, qs: QueueSettings, registry: Registry) -> int:
     children = [
         fork.Process(
             target=_child,
-            args=(settings, qs, registry, f"{settings.lease.holder}#{i}"),
+            args=(settings, qs, served, f"{settings.lease.holder}#{i}"),
             name=f"worker-{i}",
         )
         for i in range(qs.processes)

@@ -450,6 +450,33 @@ def test_worker_exit_codes_name_the_fault_with_any_number_of_processes(processes
     assert "refused the credentials" in wrong.stderr
 
 
+def test_a_run_mode_task_whose_name_cannot_be_a_queue_leaves_the_workers_running(
+    redis_server: RedisServer, r: redis.Redis, workers: list[WorkerProc]
+) -> None:
+    env = queue_env(
+        redis_server, CRON_RUNNER_TASK_MODULES=f"{TASK_MODULES},tests.queue.run_mode_tasks"
+    )
+    every = start_worker(workers, env)
+    (note,) = every.events("tasks_not_served")
+    assert "1-backup" in note["msg"] and note["level"] == "warning"
+    start_worker(workers, env, "--queues", "billing")
+    p = producer(redis_server)
+    p.send("q-ok")
+    p.send("q-billed")
+    p.close()
+    wait_for(lambda: len(effects(r, "ran")) == 2, 20, "both workers' jobs")
+    assert {e["task"] for e in effects(r, "ran")} == {"q-ok", "q-billed"}
+
+    # It cannot be enqueued either, so nothing for it can wait on a queue.
+    refused = cli({**env, "CRON_RUNNER_MODE": "enqueue"}, "run", "1-backup")
+    assert refused.returncode == 2
+    assert "cannot be a queue name" in refused.stderr
+    # A worker with nothing it can serve is a configuration error.
+    alone = cli({**env, "CRON_RUNNER_TASK_MODULES": "tests.queue.run_mode_tasks"}, "worker")
+    assert (alone.returncode, "Traceback" in alone.stderr) == (2, False), alone.stderr
+    assert "no registered task can run from a queue (1-backup" in alone.stderr
+
+
 def test_a_worker_without_tasks_is_a_configuration_error(redis_server: RedisServer) -> None:
     done = cli({**queue_env(redis_server), "CRON_RUNNER_TASK_MODULES": ""}, "worker")
     assert done.returncode == 2
