@@ -19,6 +19,7 @@ waiting and in flight), ``NS:Q.DQ``/``NS:Q.DQ.msgs`` (delayed: retries in their 
 from __future__ import annotations
 
 import json
+import logging
 import re
 import time
 import uuid
@@ -38,6 +39,8 @@ if TYPE_CHECKING:
     from dramatiq.brokers.redis import RedisBroker
 
     Message = _Message[Any]
+
+log = logging.getLogger("runner.queue")
 
 DEFAULT_MAX_MESSAGE_BYTES = 64 * 1024
 # Dramatiq's own defaults, except two. The poll interval bounds how late an idle worker
@@ -366,15 +369,15 @@ class Producer:
             return queue
         if self._registry is None:
             self._registry = Registry.discover(self.settings.run.task_modules)
-        known = self._registry.names()
-        if task not in known:
+        queue = registered_queue(self._registry, task)
+        if queue is None:
             raise UnknownTask(
                 f"Producer: task {task!r} is not registered in this process (@task in "
                 "CRON_RUNNER_TASK_MODULES or an entry point), so its queue is unknown: register "
                 f"it here, or name its queue with Producer(..., queues={{{task!r}: 'QUEUE'}}); "
-                f"known tasks: {', '.join(known) or 'none'}"
+                f"known tasks: {', '.join(self._registry.names()) or 'none'}"
             )
-        self.queues[task] = queue = queue_of(self._registry.resolve(task))
+        self.queues[task] = queue
         return queue
 
     def message(
@@ -570,14 +573,37 @@ def queue_stats(client: Any, namespace: str, queues: Iterable[str]) -> list[Queu
     return out
 
 
+def registered_queue(registry: Registry, task: str) -> str | None:
+    """The queue of a registered task (``queue_of``); None when it is not registered."""
+    return queue_of(registry.resolve(task)) if task in registry.names() else None
+
+
 def status_for(client: Any, settings: Settings, task: str | None = None) -> list[QueueStats]:
-    """For ``cron-runner status``: every queue that has keys (or the one named after ``task``).
+    """For ``cron-runner status``: every queue that has keys, or the queue ``task`` is on.
     Empty when queue mode is not in use, so run-mode users see nothing new."""
     namespace = namespace_for(settings)
     queues = discover_queues(client, namespace)
     if task is not None:
-        queues &= {task}
+        queues &= {_status_queue(settings, task)}
     return queue_stats(client, namespace, queues) if queues else []
+
+
+def _status_queue(settings: Settings, task: str) -> str:
+    """A status is a read: tasks that cannot be imported here cost the queue's name, not the
+    status. A task that cannot be on a queue gets its own name, which no queue has."""
+    try:
+        registry = Registry.discover(settings.run.task_modules)
+    except ConfigError as exc:
+        log.warning(
+            f"status: cannot load the tasks to find the queue of {task!r}, so showing the queue "
+            f"named after it: {exc}",
+            extra={"event": "tasks_unavailable", "task": task},
+        )
+        return task
+    try:
+        return registered_queue(registry, task) or task
+    except ConfigError:
+        return task
 
 
 def format_status(rows: Sequence[QueueStats]) -> str:

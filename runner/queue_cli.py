@@ -142,15 +142,12 @@ def cmd_worker(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def _task_queue(settings: Settings, task: str, queue: str | None) -> str:
-    from runner.queue import queue_of  # noqa: PLC0415
+    from runner.queue import registered_queue  # noqa: PLC0415
     from runner.tasks import Registry  # noqa: PLC0415
 
     if queue:
         return queue
-    registry = Registry.discover(settings.run.task_modules)
-    if task in registry.names():
-        return queue_of(registry.resolve(task))
-    return task
+    return registered_queue(Registry.discover(settings.run.task_modules), task) or task
 
 
 def cmd_dlq(args: argparse.Namespace, settings: Settings) -> int:

@@ -383,6 +383,34 @@ def test_status_shows_depth_delayed_and_dead_per_queue(
     assert [q["queue"] for q in one["queues"]] == ["q-ok"]
 
 
+def test_status_of_a_task_shows_the_queue_it_is_on(redis_server: RedisServer) -> None:
+    env = queue_env(redis_server)
+    p = producer(redis_server)
+    p.send("q-billed")
+    p.send("q-billed")
+    p.send("q-ok")
+    p.close()
+    billed = cli(env, "status", "q-billed", "-o", "json")
+    assert billed.returncode == 0, billed.stderr
+    assert [(q["queue"], q["ready"]) for q in json.loads(billed.stdout)["queues"]] == [
+        ("billing", 2)
+    ]
+    table = cli(env, "status", "q-billed").stdout.splitlines()
+    assert table[-1].split() == ["billing", "2", "0", "0", "0"]
+
+    # A run-mode task that cannot be on a queue has none, and its status still works.
+    odd = cli({**env, "CRON_RUNNER_TASK_MODULES": f"{TASK_MODULES},tests.queue.run_mode_tasks"},
+              "status", "1-backup", "-o", "json")  # fmt: skip
+    assert (odd.returncode, json.loads(odd.stdout)["queues"]) == (0, []), odd.stderr
+    # Tasks that cannot be imported where status runs: the queue named after the task.
+    blind = cli(
+        {**env, "CRON_RUNNER_TASK_MODULES": "no.such.module"}, "status", "q-ok", "-o", "json"
+    )
+    assert blind.returncode == 0, blind.stderr
+    assert [q["queue"] for q in json.loads(blind.stdout)["queues"]] == ["q-ok"]
+    assert "cannot load the tasks" in blind.stderr
+
+
 # --- time limit, processes ------------------------------------------------------------------
 
 
