@@ -32,7 +32,14 @@ from runner.errors import ConfigError, UnknownTask
 from runner.keys import TaskKeys
 from runner.settings import Settings, _Source, _whole_number, parse_duration
 from runner.targets import PythonTarget
-from runner.tasks import QUEUE_NAME_RE, Registry, RunContext, TaskSpec, queue_options
+from runner.tasks import (
+    QUEUE_NAME_RE,
+    QueueOptions,
+    Registry,
+    RunContext,
+    TaskSpec,
+    queue_options,
+)
 
 if TYPE_CHECKING:
     from dramatiq import Message as _Message
@@ -68,6 +75,8 @@ SIZE_FORM = "a number of bytes, or with a unit: '65536', '64KiB', '1MiB'"
 MAX_MESSAGE_BYTES_LIMIT = 512 << 20
 MAX_PROCESSES = 256
 MAX_THREADS = 1024
+MAX_RETRIES = 999_999_999
+_NO_OVERRIDES = QueueOptions()
 
 
 class MessageTooLarge(ConfigError):
@@ -112,6 +121,9 @@ class QueueSettings:
     queues: tuple[str, ...] = ()
     processes: int = 1
     threads: int = DEFAULT_THREADS
+    # The enqueueing CronJob's own queue, retries and time limit (the chart's per-task
+    # `queue`, `retries`, `timeLimit`): they ride in the message and win over @task's.
+    overrides: QueueOptions = _NO_OVERRIDES
 
     @property
     def heartbeat_timeout_ms(self) -> int:
@@ -132,16 +144,50 @@ def namespace_for(settings: Settings) -> str:
     return f"{settings.lease.prefix}:queue:{settings.lease.scope}"
 
 
-def _whole(src: _Source, name: str, default: int, minimum: int, maximum: int) -> int:
+def _count(src: _Source, name: str, minimum: int, maximum: int) -> int | None:
     value, origin = src.get(name)
     if value is None:
-        return default
+        return None
     if not _whole_number(value) or not minimum <= int(value) <= maximum:
         raise ConfigError(
             f"{origin}={value[:40]!r} is not valid: expected a whole number from {minimum} to "
             f"{maximum}"
         )
     return int(value)
+
+
+def _whole(src: _Source, name: str, default: int, minimum: int, maximum: int) -> int:
+    value = _count(src, name, minimum, maximum)
+    return default if value is None else value
+
+
+def _optional_duration(src: _Source, name: str) -> float | None:
+    if src.get(name)[0] is None:
+        return None
+    return src.duration(name, 0.0, minimum_s=0.001)
+
+
+def _overrides(src: _Source) -> QueueOptions:
+    queue, queue_origin = src.get("QUEUE")
+    if queue is not None and not QUEUE_NAME_RE.match(queue):
+        raise ConfigError(
+            f"{queue_origin}={queue[:70]!r} is not a queue name: expected a letter or '_' "
+            "first, then letters, digits, '.', '_' or '-', at most 63 characters"
+        )
+    options = QueueOptions(
+        queue=queue,
+        max_retries=_count(src, "RETRIES_MAX", 0, MAX_RETRIES),
+        min_backoff_s=_optional_duration(src, "RETRIES_MIN_BACKOFF"),
+        max_backoff_s=_optional_duration(src, "RETRIES_MAX_BACKOFF"),
+        time_limit_s=_optional_duration(src, "TIME_LIMIT"),
+    )
+    low, high = options.min_backoff_s, options.max_backoff_s
+    if low is not None and high is not None and low > high:
+        raise ConfigError(
+            f"{src.get('RETRIES_MIN_BACKOFF')[1]} is above {src.get('RETRIES_MAX_BACKOFF')[1]}: "
+            "the backoff grows from the minimum up to the maximum"
+        )
+    return options
 
 
 def load_queue_settings(
@@ -189,6 +235,7 @@ def load_queue_settings(
         queues=queues,
         processes=_whole(src, "WORKER_PROCESSES", 1, 1, MAX_PROCESSES),
         threads=_whole(src, "WORKER_THREADS", DEFAULT_THREADS, 1, MAX_THREADS),
+        overrides=_overrides(src),
     )
 
 
@@ -210,6 +257,38 @@ def queue_of(spec: TaskSpec) -> str:
             "or '_'): give it one with @task(..., queue='name')"
         )
     return queue
+
+
+def effective_options(spec: TaskSpec, overrides: QueueOptions) -> QueueOptions:
+    """What the worker applies to ``spec``'s message: the enqueueing CronJob's settings, else
+    the task's ``@task`` options, else the worker's defaults (no time limit)."""
+    declared = queue_options(spec.fn)
+
+    def first(*values: float | None) -> float | None:
+        return next((v for v in values if v is not None), None)
+
+    retries = first(overrides.max_retries, declared.max_retries, DEFAULT_RETRIES)
+    return QueueOptions(
+        queue=overrides.queue or declared.queue or spec.name,
+        max_retries=None if retries is None else int(retries),
+        min_backoff_s=first(overrides.min_backoff_s, declared.min_backoff_s, DEFAULT_MIN_BACKOFF_S),
+        max_backoff_s=first(overrides.max_backoff_s, declared.max_backoff_s, DEFAULT_MAX_BACKOFF_S),
+        time_limit_s=first(overrides.time_limit_s, declared.time_limit_s),
+    )
+
+
+def message_options(overrides: QueueOptions) -> dict[str, int]:
+    """Per-message options in Dramatiq's units, read by its Retries and TimeLimit middleware
+    before the actor's own (dramatiq/middleware/retries.py, time_limit.py)."""
+    options: dict[str, int] = {}
+    if overrides.max_retries is not None:
+        options["max_retries"] = overrides.max_retries
+    for key, seconds in (("min_backoff", overrides.min_backoff_s),
+                         ("max_backoff", overrides.max_backoff_s),
+                         ("time_limit", overrides.time_limit_s)):  # fmt: skip
+        if seconds is not None:
+            options[key] = max(1, round(seconds * 1000))
+    return options
 
 
 def message_id_for(scope: str, task: str, slot: int | None, fence: int) -> str:
@@ -252,6 +331,7 @@ def build_message(
     payload: Mapping[str, Any] | None,
     message_id: str | None,
     limit_bytes: int | None,
+    options: Mapping[str, Any] | None = None,
 ) -> Message:
     from dramatiq import Message as DramatiqMessage  # noqa: PLC0415
     from dramatiq.message import generate_unique_id  # noqa: PLC0415
@@ -261,7 +341,7 @@ def build_message(
         actor_name=task,
         args=(),
         kwargs={"slot": slot, "fence": fence, "payload": dict(payload or {})},
-        options={},
+        options=dict(options or {}),
         message_id=message_id or generate_unique_id(),
         message_timestamp=int(clock.wall() * 1000),
     )
@@ -477,13 +557,18 @@ class EnqueueTarget(PythonTarget):
         self.settings = settings
         self.qs = queue_settings
         self.spec = spec
-        self.queue = queue_of(spec)
+        # Checked even when CRON_RUNNER_QUEUE names another queue: a task the workers cannot
+        # place (a name that is no queue name, no @task queue) would only be dead-lettered.
+        self.queue = queue_settings.overrides.queue or queue_of(spec)
+        self.options = message_options(queue_settings.overrides)
         self.retention_ms = int(retention_s * 1000)
         self.message_id: str | None = None
+        _check_backoff(spec, queue_settings.overrides)
         # Fail at start-up, before taking the lease, on a message that can never be sent.
         build_message(spec.name, self.queue, slot=2**40, fence=2**40, payload=None,
                       message_id=message_id_for(settings.lease.scope, spec.name, 0, 0),
-                      limit_bytes=queue_settings.max_message_bytes)  # fmt: skip
+                      limit_bytes=queue_settings.max_message_bytes,
+                      options=self.options)  # fmt: skip
 
     def _send(self, ctx: RunContext) -> None:
         from runner import store  # noqa: PLC0415
@@ -498,6 +583,7 @@ class EnqueueTarget(PythonTarget):
             payload=ctx.payload,
             message_id=self.message_id,
             limit_bytes=self.qs.max_message_bytes,
+            options=self.options,
         )
         keys = TaskKeys(self.settings.lease.prefix, scope, ctx.task)
         client = store.connect(self.settings.redis, self.settings.lease.ttl_s)
@@ -516,10 +602,25 @@ class EnqueueTarget(PythonTarget):
             client.close()
         ctx.logger.info(
             f"enqueued on queue {self.queue!r}"
+            + "".join(f", {k} {v}" for k, v in sorted(self.options.items()))
             if sent
             else "already enqueued by an earlier "
             f"attempt of this slot on queue {self.queue!r}: not sent again",
             extra={"event": "enqueued", "message_id": message.message_id, "queue": self.queue},
+        )
+
+
+def _check_backoff(spec: TaskSpec, overrides: QueueOptions) -> None:
+    """One bound from the environment and the other from @task or the worker's default can
+    cross: refuse that here rather than let Dramatiq quietly cap every delay at the maximum."""
+    applied = effective_options(spec, overrides)
+    assert applied.min_backoff_s is not None and applied.max_backoff_s is not None
+    if applied.min_backoff_s > applied.max_backoff_s:
+        raise ConfigError(
+            f"task {spec.name!r}: the minimum retry backoff ({applied.min_backoff_s:g}s) is above "
+            f"the maximum ({applied.max_backoff_s:g}s): set CRON_RUNNER_RETRIES_MIN_BACKOFF and "
+            "CRON_RUNNER_RETRIES_MAX_BACKOFF together (the chart's retries.minBackoff and "
+            "retries.maxBackoff)"
         )
 
 

@@ -102,6 +102,33 @@ def test_per_task_mode(chart: Chart) -> None:
     assert container(bundled)["args"] == ["run", "report"]
 
 
+QUEUE_OPTIONS = ("CRON_RUNNER_QUEUE", "CRON_RUNNER_RETRIES_MAX", "CRON_RUNNER_RETRIES_MIN_BACKOFF",
+                 "CRON_RUNNER_RETRIES_MAX_BACKOFF", "CRON_RUNNER_TIME_LIMIT")  # fmt: skip
+
+
+def test_per_task_queue_retries_and_time_limit(chart: Chart) -> None:
+    values = ci_values(QUEUE)
+    values["tasks"]["invoices"].update(
+        queue="billing", retries={"max": 0, "minBackoff": "30s", "maxBackoff": "30m"},
+        timeLimit="15m",
+    )  # fmt: skip
+    values["tasks"]["reports"].update(retries={"max": 5}, timeLimit=90)  # as --set gives them
+    cronjobs = render(chart, values).cronjobs()  # the chart fixture validates the schema
+    invoices = env_of(container(cronjobs["invoices"]))
+    set_here = [invoices[name]["value"] for name in QUEUE_OPTIONS]
+    assert set_here == ["billing", "0", "30s", "30m", "15m"], "retries.max 0 is a value: no retry"
+    reports = env_of(container(cronjobs["reports"]))
+    assert {n: reports[n]["value"] for n in QUEUE_OPTIONS if n in reports} == {
+        "CRON_RUNNER_RETRIES_MAX": "5", "CRON_RUNNER_TIME_LIMIT": "90",
+    }  # fmt: skip
+    cleanup = env_of(container(cronjobs["cleanup"]))
+    assert not set(QUEUE_OPTIONS) & set(cleanup), "unset: the task's @task options apply"
+    # A task's own env still wins over what the chart derives.
+    values["tasks"]["invoices"]["env"] = {"CRON_RUNNER_QUEUE": "urgent"}
+    invoices = env_of(container(render(chart, values).cronjobs()["invoices"]))
+    assert invoices["CRON_RUNNER_QUEUE"]["value"] == "urgent"
+
+
 def test_zero_replicas_and_no_budget(chart: Chart) -> None:
     rendered = render(chart, ci_values(BUNDLED))
     groups = workers(rendered)
@@ -168,6 +195,26 @@ TASK = {"schedule": "0 2 * * *", "task": "report"}
             'task "sync": mode enqueue needs task',
         ),
         (
+            {"tasks": {"sync": {**TASK, "mode": "run", "queue": "billing", "timeLimit": "1m"}}},
+            "at '/tasks/sync'",
+            'task "sync": queue, timeLimit: for queue mode only',
+        ),
+        (
+            {"tasks": {"sync": {**TASK, "retries": {"max": 3}}}},
+            None,
+            'task "sync": retries: for queue mode only',
+        ),
+        (
+            {"tasks": {"sync": {**TASK, "mode": "enqueue", "queue": "9lives"}}},
+            "at '/tasks/sync/queue'",
+            'task "sync": queue "9lives" is not valid',
+        ),
+        (
+            {"tasks": {"sync": {**TASK, "mode": "enqueue", "retries": 3}}},
+            "at '/tasks/sync/retries': got number, want object",
+            'task "sync": retries must be a map',
+        ),
+        (
             {"tasks": {"worker": TASK}},
             "invalid propertyName 'worker'",
             'task "worker": this name is reserved',
@@ -207,8 +254,9 @@ TASK = {"schedule": "0 2 * * *", "task": "report"}
             "at most 52 fit",
         ),
     ],
-    ids=["enqueue-command", "runner-enqueue-command", "reserved", "group-name", "threads",
-         "grace", "queue-name", "budget-both", "long-name"],
+    ids=["enqueue-command", "runner-enqueue-command", "queue-options-run-mode",
+         "queue-options-default-mode", "task-queue-name", "retries-not-a-map", "reserved",
+         "group-name", "threads", "grace", "queue-name", "budget-both", "long-name"],
 )  # fmt: skip
 def test_refusals(
     chart: Chart,

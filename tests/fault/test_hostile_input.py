@@ -19,7 +19,13 @@ from runner import store
 from runner.errors import ConfigError
 from runner.execution import resolve_slot, retention_s
 from runner.keys import TaskKeys
-from runner.queue import MAX_MESSAGE_BYTES_LIMIT, MAX_PROCESSES, MAX_THREADS, load_queue_settings
+from runner.queue import (
+    MAX_MESSAGE_BYTES_LIMIT,
+    MAX_PROCESSES,
+    MAX_THREADS,
+    load_queue_settings,
+    message_options,
+)
 from runner.settings import load_settings
 from runner.tasks import Registry
 from tests.fault.conftest import Figure
@@ -34,7 +40,8 @@ VARIABLES = [
     # Queue mode (runner/queue.py), read by `worker`, `dlq` and an enqueue-mode `run`.
     "MAX_MESSAGE_SIZE", "WORKER_QUEUES", "WORKER_PROCESSES", "WORKER_THREADS",
     "WORKER_POLL_INTERVAL", "QUEUE_HEARTBEAT_TIMEOUT", "QUEUE_MAINTENANCE_CHANCE",
-    "QUEUE_DEAD_MESSAGE_TTL",
+    "QUEUE_DEAD_MESSAGE_TTL", "QUEUE", "RETRIES_MAX", "RETRIES_MIN_BACKOFF",
+    "RETRIES_MAX_BACKOFF", "TIME_LIMIT",
 ]  # fmt: skip
 
 # Values a fuzzer rarely finds on its own: the edges of each parser.
@@ -64,6 +71,8 @@ def _safe_to_use(env: dict[str, str]) -> None:
         qs = load_queue_settings(s, env)
         assert 0 < qs.max_message_bytes <= MAX_MESSAGE_BYTES_LIMIT
         assert 0 < qs.processes <= MAX_PROCESSES and 0 < qs.threads <= MAX_THREADS
+        assert all(isinstance(v, int) and v > 0 for k, v in message_options(qs.overrides).items()
+                   if k != "max_retries")  # fmt: skip
         assert s.lease.ttl_ms > 0
         assert urlsplit(s.redis.display_url).password is None
         TaskKeys(s.lease.prefix, s.lease.scope, "task").all_keys()
@@ -82,6 +91,7 @@ def _safe_to_use(env: dict[str, str]) -> None:
 @example({"WORKER_THREADS": "²"})
 @example({"WORKER_PROCESSES": "9" * 5000})
 @example({"MAX_MESSAGE_SIZE": "9" * 5000})
+@example({"RETRIES_MAX": "²", "TIME_LIMIT": "9" * 400})
 @example({"REDIS_URL": "redis://[::1"})
 @example({"REDIS_URL": "redis://h/0?socket_timeout=x"})
 @example({"SCHEDULE": "* * * * *", "SKEW_TOLERANCE": "9" * 400})
@@ -141,6 +151,10 @@ CLI_CASES = {
     "enqueue superscript": (["run", "ok"], {"CRON_RUNNER_MODE": "enqueue",
                                             "CRON_RUNNER_WORKER_THREADS": "²"}),
     "dlq huge size": (["dlq", "list", "ok"], {"CRON_RUNNER_MAX_MESSAGE_SIZE": "9" * 5000}),
+    "enqueue bad retries": (["run", "ok"], {"CRON_RUNNER_MODE": "enqueue",
+                                            "CRON_RUNNER_RETRIES_MAX": "9" * 5000}),
+    "enqueue bad queue": (["run", "ok"], {"CRON_RUNNER_MODE": "enqueue",
+                                          "CRON_RUNNER_QUEUE": "{x}"}),
 }  # fmt: skip
 
 
@@ -155,6 +169,6 @@ def test_row9_hostile_input_through_the_cli_exits_2_without_a_traceback(
         assert "Traceback" not in res.stderr, (case, res.stderr)
         assert res.returncode == 2, (case, res.stderr)
         codes[case] = res.returncode
-    figure("9", duplicates=0, overlap_ms=0, generated_examples_max=800, explicit_examples=12,
+    figure("9", duplicates=0, overlap_ms=0, generated_examples_max=800, explicit_examples=13,
            references=10, cli_cases=len(codes),
            exit_codes=sorted(set(codes.values())))  # fmt: skip

@@ -226,6 +226,59 @@ def test_dlq_purge(redis_server: RedisServer, r: redis.Redis, workers: list[Work
     assert "no dead letter" in missing.stderr
 
 
+def test_the_cronjobs_queue_retries_and_time_limit_win_over_the_tasks(
+    redis_server: RedisServer, r: redis.Redis, workers: list[WorkerProc]
+) -> None:
+    # The chart's per-task queue, retries and timeLimit reach the enqueueing pod as
+    # CRON_RUNNER_*; the message carries them and the worker applies them over @task's.
+    base = queue_env(redis_server, CRON_RUNNER_MODE="enqueue")
+    doomed = cli({**base, "CRON_RUNNER_QUEUE": "urgent", "CRON_RUNNER_RETRIES_MAX": "1",
+                  "CRON_RUNNER_RETRIES_MIN_BACKOFF": "50ms",
+                  "CRON_RUNNER_RETRIES_MAX_BACKOFF": "100ms"}, "run", "q-doomed")  # fmt: skip
+    assert (doomed.returncode, outcome(doomed.stderr)) == (0, "enqueued"), doomed.stderr
+    (sent,) = [e for e in events(doomed.stderr) if e.get("event") == "enqueued"]
+    assert sent["queue"] == "urgent"
+    stuck = cli({**base, "CRON_RUNNER_TIME_LIMIT": "300ms", "CRON_RUNNER_RETRIES_MAX": "0"},
+                "run", "q-stubborn")  # fmt: skip
+    assert (stuck.returncode, outcome(stuck.stderr)) == (0, "enqueued"), stuck.stderr
+    assert (stats(r, "urgent").ready, stats(r, "q-doomed").ready) == (1, 0)
+
+    w = start_worker(workers, queue_env(redis_server), "--queues", "urgent", "q-stubborn")
+    wait_for(lambda: stats(r, "urgent").dead == 1, 30, "q-doomed to be dead-lettered")
+    # @task says retries=2 (three attempts); the CronJob said 1: the first run and one retry.
+    assert len(effects(r, "attempt")) == 2
+    (delay,) = [e["delay_ms"] for e in w.events("retry_scheduled")]
+    assert 50 <= delay <= 100
+    listed = cli(queue_env(redis_server), "dlq", "list", "q-doomed", "--queue", "urgent")
+    row = next(line for line in listed.stdout.splitlines() if sent["message_id"] in line)
+    assert row.split()[2] == "2"
+
+    # q-stubborn has no time limit of its own and works until released; the CronJob gave it
+    # 300ms, and no retry.
+    wait_for(lambda: stats(r, "q-stubborn").dead == 1, 30, "q-stubborn to be stopped")
+    assert [e["task"] for e in effects(r, "start")] == ["q-stubborn"]
+    assert not effects(r, "ran")
+    listed = cli(queue_env(redis_server), "dlq", "list", "q-stubborn")
+    assert "TimeLimitExceeded" in listed.stdout
+
+
+def test_the_cronjobs_queue_settings_are_checked_before_the_lease(
+    redis_server: RedisServer,
+) -> None:
+    env = queue_env(redis_server, CRON_RUNNER_MODE="enqueue")
+    for extra, says in [
+        ({"CRON_RUNNER_RETRIES_MAX": "-1"}, "CRON_RUNNER_RETRIES_MAX='-1' is not valid"),
+        ({"CRON_RUNNER_QUEUE": "9lives"}, "CRON_RUNNER_QUEUE='9lives' is not a queue name"),
+        ({"CRON_RUNNER_TIME_LIMIT": "soon"}, "CRON_RUNNER_TIME_LIMIT='soon' is not a duration"),
+        # q-flaky's own max_backoff is 5s: a minimum above it alone would be capped silently.
+        ({"CRON_RUNNER_RETRIES_MIN_BACKOFF": "1m"}, "minimum retry backoff (60s) is above"),
+    ]:
+        done = cli({**env, **extra}, "run", "q-flaky")
+        assert (done.returncode, "Traceback" in done.stderr) == (2, False), done.stderr
+        assert says in done.stderr
+        assert not events(done.stderr) or outcome(done.stderr) is None
+
+
 # --- graceful stop -------------------------------------------------------------------------
 
 

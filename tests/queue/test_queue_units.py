@@ -9,15 +9,18 @@ import pytest
 from runner.errors import ConfigError
 from runner.queue import (
     DEFAULT_MAX_MESSAGE_BYTES,
+    DEFAULT_MIN_BACKOFF_S,
     MessageTooLarge,
     QueueSettings,
     build_message,
+    effective_options,
     load_queue_settings,
     message_id_for,
+    message_options,
     parse_size,
 )
 from runner.settings import load_settings
-from runner.tasks import QueueOptions, RunContext, queue_options, task
+from runner.tasks import QueueOptions, RunContext, TaskSpec, queue_options, task
 
 
 @pytest.mark.parametrize(
@@ -76,6 +79,51 @@ def test_queue_settings_defaults_and_overrides() -> None:
     ],
 )
 def test_queue_settings_refuse_bad_values(env: dict[str, str], says: str) -> None:
+    with pytest.raises(ConfigError, match=says):
+        load_queue_settings(load_settings({}), env)
+
+
+def test_the_cronjobs_own_queue_options() -> None:
+    env = {
+        "CRON_RUNNER_QUEUE": "billing",
+        "CRON_RUNNER_RETRIES_MAX": "0",
+        "CRON_RUNNER_RETRIES_MIN_BACKOFF": "500ms",
+        "CRON_RUNNER_RETRIES_MAX_BACKOFF": "2m",
+        "CRON_RUNNER_TIME_LIMIT": "15m",
+    }
+    overrides = load_queue_settings(load_settings({}), env).overrides
+    assert overrides == QueueOptions("billing", 0, 0.5, 120.0, 900.0)
+    assert message_options(overrides) == {
+        "max_retries": 0, "min_backoff": 500, "max_backoff": 120_000, "time_limit": 900_000,
+    }  # fmt: skip
+    assert load_queue_settings(load_settings({}), {}).overrides == QueueOptions()
+    assert message_options(QueueOptions()) == {}
+
+    @task("report", queue="reports", retries=5, max_backoff="10m")
+    def report(ctx: RunContext) -> None: ...
+
+    spec = TaskSpec("report", report, "test")
+    assert effective_options(spec, QueueOptions()) == QueueOptions(
+        "reports", 5, DEFAULT_MIN_BACKOFF_S, 600.0, None
+    )
+    assert effective_options(spec, QueueOptions(None, 1, None, None, 30.0)) == QueueOptions(
+        "reports", 1, DEFAULT_MIN_BACKOFF_S, 600.0, 30.0
+    )
+
+
+@pytest.mark.parametrize(
+    ("env", "says"),
+    [
+        ({"CRON_RUNNER_QUEUE": "a b"}, "CRON_RUNNER_QUEUE='a b' is not a queue name"),
+        ({"CRON_RUNNER_RETRIES_MAX": "²"}, "CRON_RUNNER_RETRIES_MAX='²' is not valid"),
+        ({"CRON_RUNNER_RETRIES_MAX": "9" * 5000}, "expected a whole number from 0 to"),
+        ({"CRON_RUNNER_TIME_LIMIT": "0"}, "CRON_RUNNER_TIME_LIMIT='0' is too small"),
+        ({"CRON_RUNNER_RETRIES_MIN_BACKOFF": "9" * 400}, "too large"),
+        ({"CRON_RUNNER_RETRIES_MIN_BACKOFF": "1m", "CRON_RUNNER_RETRIES_MAX_BACKOFF": "1s"},
+         "CRON_RUNNER_RETRIES_MIN_BACKOFF is above CRON_RUNNER_RETRIES_MAX_BACKOFF"),
+    ],
+)  # fmt: skip
+def test_the_cronjobs_own_queue_options_refused(env: dict[str, str], says: str) -> None:
     with pytest.raises(ConfigError, match=says):
         load_queue_settings(load_settings({}), env)
 

@@ -345,6 +345,19 @@ Call with (dict "root" $ "task" $task).
 {{- if and $hasCommand (eq (toString (default .root.Values.runner.mode $task.mode)) "enqueue") }}
 {{- fail (printf "task %q: mode enqueue needs task (a registered task name): workers run registered tasks, not commands; set mode: run for this task" $name) }}
 {{- end }}
+{{- $queueKeys := list }}
+{{- range $key := list "queue" "retries" "timeLimit" }}
+{{- if hasKey $task $key }}{{ $queueKeys = append $queueKeys $key }}{{ end }}
+{{- end }}
+{{- if and $queueKeys (ne (toString (default .root.Values.runner.mode $task.mode)) "enqueue") }}
+{{- fail (printf "task %q: %s: for queue mode only (the workers retry and time the run); set mode: enqueue, or remove them" $name (join ", " $queueKeys)) }}
+{{- end }}
+{{- if and $task.queue (not (regexMatch "^[A-Za-z_][A-Za-z0-9._-]{0,62}$" (toString $task.queue))) }}
+{{- fail (printf "task %q: queue %q is not valid: expected a letter or '_' first, then letters, digits, '.', '_' or '-', at most 63 characters" $name (toString $task.queue)) }}
+{{- end }}
+{{- if and (hasKey $task "retries") (not (kindIs "map" $task.retries)) }}
+{{- fail (printf "task %q: retries must be a map: {max: 3, minBackoff: 15s, maxBackoff: 1h}" $name) }}
+{{- end }}
 {{- if and $hasCommand (not (kindIs "slice" $task.command)) }}
 {{- fail (printf "task %q: command must be a list, e.g. [php, artisan, report:send]" $name) }}
 {{- end }}
