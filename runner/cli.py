@@ -118,6 +118,11 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     p.add_argument(
         "task", metavar="TASK", help="a registered task name, or package.module:function"
     )
+    p.add_argument(
+        "--name",
+        help="the lease and slot name (default: the task's): two jobs running one task on "
+        "different schedules or arguments need a name each (the chart passes its task key)",
+    )
     _add_setting_flags(p, (*RUN_FLAGS, "MODE", *COMMON_FLAGS))
     p.set_defaults(handler=cmd_run)
 
@@ -150,15 +155,18 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
 
 
 def cmd_run(args: argparse.Namespace, settings: Settings) -> int:
+    from runner.keys import validate_name  # noqa: PLC0415
     from runner.targets import PythonTarget  # noqa: PLC0415
     from runner.tasks import Registry  # noqa: PLC0415
 
     spec = Registry.discover(settings.run.task_modules).resolve(args.task)
+    name = args.name or spec.name
+    validate_name("--name", name)
     if settings.run.mode == "enqueue":
         from runner.queue_cli import enqueue_target  # noqa: PLC0415 - queue mode only
 
-        return _execute(settings, spec.name, enqueue_target(settings, spec))
-    return _execute(settings, spec.name, PythonTarget(spec.fn))
+        return _execute(settings, name, enqueue_target(settings, spec))
+    return _execute(settings, name, PythonTarget(spec.fn))
 
 
 def cmd_exec(args: argparse.Namespace, settings: Settings) -> int:

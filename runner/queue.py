@@ -576,7 +576,9 @@ class EnqueueTarget(PythonTarget):
         scope = self.settings.lease.scope
         self.message_id = message_id_for(scope, ctx.task, ctx.slot, ctx.fencing_token)
         message = build_message(
-            ctx.task,
+            # The actor is the registered task; the lease, slot and message id are the run's
+            # name, which `run --name` may set apart (two jobs of one task).
+            self.spec.name,
             self.queue,
             slot=ctx.slot,
             fence=ctx.fencing_token,

@@ -113,3 +113,28 @@ def test_manual_job_runs_and_is_still_exclusive(
     assert not r.keys("cron-runner:{default:nightly}:slot:*")
     again = run(["exec", "--name", "nightly", "--", *_effect_cmd(effects, 0)], env)
     assert outcome(again.stderr) == "ran"
+
+
+def test_two_names_for_one_registered_task_keep_their_own_slots(
+    redis_server: RedisServer, tmp_path: Path
+) -> None:
+    """Chart tasks `daily-report` and `weekly-report` both run task `ok`; firing in the same
+    minute, each runs once (`run ok --name <key>`, as the chart renders it)."""
+    effects = tmp_path / "effects.log"
+    minutes = int(time.time() // 60)
+    outcomes: dict[str, list[str | None]] = {}
+    for key in ("daily-report", "weekly-report", "daily-report"):
+        env = runner_env(
+            redis_server.url,
+            CRON_RUNNER_JOB_NAME=f"{key}-{minutes}",
+            CRON_RUNNER_CRONJOB_NAME=key,
+            SIDE_EFFECTS=str(effects),
+        )
+        res = run(["run", "ok", "--name", key, "--holder", f"{key}-pod"], env)
+        assert res.returncode == 0, res.stderr
+        outcomes.setdefault(key, []).append(outcome(res.stderr))
+    assert outcomes == {"daily-report": ["ran", "skipped_done"], "weekly-report": ["ran"]}
+    assert len(side_effects(effects)) == 2
+    bad = run(["run", "ok", "--name", "bad{name}"], runner_env(redis_server.url))
+    assert bad.returncode == 2
+    assert "--name" in bad.stderr

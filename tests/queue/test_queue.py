@@ -562,3 +562,24 @@ def test_a_worker_without_tasks_is_a_configuration_error(redis_server: RedisServ
     done = cli({**queue_env(redis_server), "CRON_RUNNER_TASK_MODULES": ""}, "worker")
     assert done.returncode == 2
     assert "no tasks registered" in done.stderr
+
+
+def test_two_names_for_one_task_each_enqueue_their_slot(
+    redis_server: RedisServer, r: redis.Redis, workers: list[WorkerProc]
+) -> None:
+    """`run q-ok --name <key>` (the chart's two tasks of one registered task): one message
+    each, both for the actor q-ok, and the worker runs both."""
+    minutes = int(time.time() // 60)
+    sent = []
+    for key in ("daily-sync", "weekly-sync"):
+        env = queue_env(redis_server, CRON_RUNNER_MODE="enqueue",
+                        CRON_RUNNER_JOB_NAME=f"{key}-{minutes}", CRON_RUNNER_CRONJOB_NAME=key)  # fmt: skip
+        done = cli(env, "run", "q-ok", "--name", key)
+        assert (done.returncode, outcome(done.stderr)) == (0, "enqueued"), done.stderr
+        (event,) = [e for e in events(done.stderr) if e.get("event") == "enqueued"]
+        assert event["message_id"] == message_id_for("default", key, minutes * 60, event["fence"])
+        sent.append(event["message_id"])
+    assert len(set(sent)) == 2
+    assert stats(r, "q-ok").ready == 2
+    start_worker(workers, queue_env(redis_server))
+    wait_for(lambda: len(effects(r, "ran")) == 2, 20, "both jobs to run")
