@@ -191,3 +191,32 @@ def test_chart_metadata() -> None:
     assert meta["appVersion"] == "0.1.0"
     assert meta["maintainers"] and meta["sources"]
     assert any(k.startswith("artifacthub.io/") for k in meta["annotations"])
+
+
+@pytest.mark.parametrize("where", ["runner", "task"])
+@pytest.mark.parametrize(
+    "var", ["CRON_RUNNER_SHUTDOWN_GRACE", "CRON_RUNNER_JOB_NAME", "CRON_RUNNER_CRONJOB_NAME"]
+)
+def test_env_may_not_override_what_the_chart_derives(chart: Chart, where: str, var: str) -> None:
+    # A grace apart from terminationGracePeriodSeconds lets the kubelet kill the runner before
+    # it releases; a Job name from env would give every pod the same slot forever.
+    task: dict[str, Any] = {"schedule": "0 2 * * *", "task": "report"}
+    top: dict[str, Any] = {}
+    if where == "task":
+        task["env"] = {var: "x"}
+    else:
+        top["runner"] = {"env": {var: "x"}}
+    message = refused(chart, task_values(task, **top))
+    assert f'task "report": {var} is set by the chart and may not be overridden' in message
+
+
+@pytest.mark.parametrize("ttl", ["500ms", "0.5s", "0", "999ms"])
+def test_a_lease_ttl_below_one_second_is_refused(chart: Chart, ttl: str) -> None:
+    # The runner refuses it (exit 2): every Job of the task would fail at once.
+    message = refused(
+        chart, task_values({"schedule": "0 2 * * *", "task": "r", "lease": {"ttl": ttl}})
+    )
+    assert "/tasks/report/lease/ttl" in message
+    assert render(
+        chart, task_values({"schedule": "0 2 * * *", "task": "r", "lease": {"ttl": "1500ms"}})
+    )

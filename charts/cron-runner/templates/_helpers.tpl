@@ -358,6 +358,11 @@ Call with (dict "root" $ "task" $task).
 {{- if and (hasKey $task "retries") (not (kindIs "map" $task.retries)) }}
 {{- fail (printf "task %q: retries must be a map: {max: 3, minBackoff: 15s, maxBackoff: 1h}" $name) }}
 {{- end }}
+{{- range $var := list "CRON_RUNNER_SHUTDOWN_GRACE" "CRON_RUNNER_JOB_NAME" "CRON_RUNNER_CRONJOB_NAME" }}
+{{- if or (hasKey (default dict $.root.Values.runner.env) $var) (hasKey (default dict $task.env) $var) }}
+{{- fail (printf "task %q: %s is set by the chart and may not be overridden in env: the shutdown grace follows terminationGracePeriodSeconds (minus 5s), and the Job names give the slot" $name $var) }}
+{{- end }}
+{{- end }}
 {{- if and $hasCommand (not (kindIs "slice" $task.command)) }}
 {{- fail (printf "task %q: command must be a list, e.g. [php, artisan, report:send]" $name) }}
 {{- end }}
