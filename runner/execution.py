@@ -1,4 +1,5 @@
-"""One run: slot -> acquire -> keeper + task -> complete or release -> record (DESIGN.md, Run flow).
+"""One run: slot -> connect -> acquire -> keeper + task -> complete or release -> record
+(DESIGN.md, Run flow).
 
 All stopping logic lives here, in ordinary code: the signal handlers only set a flag.
 """
@@ -22,7 +23,7 @@ from runner.keys import TaskKeys
 from runner.lease import Acquired, Held, Lease, SlotDone, new_token
 from runner.logs import RunLogger, run_logger
 from runner.settings import Settings
-from runner.store import replicas_acknowledged, wait_timeout_ms, with_deadline
+from runner.store import open_connection, replicas_acknowledged, wait_timeout_ms, with_deadline
 from runner.targets import CommandTarget, Target, reap_orphans
 from runner.tasks import RunContext
 
@@ -74,7 +75,7 @@ class RunObserver(Protocol):
     def started(self, slot: int | None) -> None: ...
 
     def phase(self, name: str) -> AbstractContextManager[object]:
-        """Around 'acquire', 'task', 'complete' and 'release'."""
+        """Around 'connect', 'acquire', 'task', 'complete' and 'release'."""
         ...
 
     def acquired(self, fence: int) -> None: ...
@@ -199,6 +200,7 @@ class Execution:
         if self.shutdown.requested:
             return self._finish_log(RunResult(TERMINATED, 143, reason="terminated before start"))
 
+        # Connecting and acquiring share the connect deadline: exit 3 comes within it.
         deadline = clock.monotonic() + self.settings.redis.connect_timeout_s
         sent_at = [0.0]
 
@@ -207,6 +209,13 @@ class Execution:
             return self.lease.acquire(self.slot)
 
         try:
+            with self.observer.phase("connect"):
+                with_deadline(
+                    lambda: open_connection(self.client, self.keys.lease),
+                    deadline_s=deadline,
+                    what="connect",
+                    where=self.where,
+                )
             with self.observer.phase("acquire"):
                 got = with_deadline(acquire, deadline_s=deadline, what="acquire", where=self.where)
         except StoreUnavailable as exc:

@@ -10,6 +10,7 @@ certificate, hostname checked), ``unix://``, Sentinel and Cluster (docs/reliabil
 
 from __future__ import annotations
 
+import contextlib
 import random
 import ssl
 import time
@@ -24,6 +25,7 @@ from redis.exceptions import (
     NoPermissionError,
     ReadOnlyError,
     RedisClusterException,
+    RedisError,
     ResponseError,
     TryAgainError,
 )
@@ -144,8 +146,9 @@ def _cluster_class() -> type[Any]:
 
 
 def connect(settings: RedisSettings, ttl_s: float, *, decode_responses: bool = True) -> Any:
-    """A client for the configured shape. No I/O happens here: the first command connects,
-    except for Cluster, whose client reads the slot table at once (under the connect deadline).
+    """A client for the configured shape. No I/O happens here: ``open_connection`` or the first
+    command connects, except for Cluster, whose client reads the slot table at once (under the
+    connect deadline).
 
     ``decode_responses=False`` is for Dramatiq (queue mode), which decodes its own bytes.
     """
@@ -202,6 +205,49 @@ def connect(settings: RedisSettings, ttl_s: float, *, decode_responses: bool = T
         return redis.Redis.from_url(settings.url, **kwargs)
     except ValueError as exc:
         raise _url_options_refused(settings, exc) from exc
+
+
+def open_connection(client: Any, key: str) -> None:
+    """Open the pooled connection that the first command on ``key`` will use, and send no
+    command: only the handshake a first command would have made (AUTH with credentials,
+    SELECT for a database other than 0). A run's round trips stay what they were.
+
+    Plain, TLS and unix: the client's pool. Sentinel: the pool asks the sentinels for the
+    primary, then connects to it. Cluster: the node that holds ``key``'s slot in the table read
+    when the client was built.
+    """
+    if getattr(client, "get_node_from_key", None) is not None:
+        _open_cluster_node(client, key)
+        return
+    _open_pooled(client.connection_pool)
+    if isinstance(client, SentinelPrimary):
+        # The sentinels were just asked: the first command need not ask them again.
+        client._recheck_at = clock.monotonic() + client.recheck_s
+
+
+def _open_pooled(pool: Any) -> None:
+    # The command name is only the pool's bookkeeping: nothing is sent.
+    pool.release(pool.get_connection("_"))
+
+
+def _open_cluster_node(client: Any, key: str) -> None:
+    try:
+        node = client.get_node_from_key(key)
+        try:
+            _open_pooled(client.get_redis_connection(node).connection_pool)
+        except AuthenticationError:
+            raise
+        except (RedisConnectionError, RedisTimeoutError):
+            # What RedisCluster does when a command cannot reach a node: forget the node and
+            # read the slot table again, so that the next try goes where the slot lives now
+            # (a replica promoted in the meantime). If no node answers, the next try says so.
+            client.nodes_manager.startup_nodes.pop(node.name, None)
+            node.redis_connection = None
+            with contextlib.suppress(RedisClusterException, RedisError):
+                client.nodes_manager.initialize()
+            raise
+    except RedisClusterException as exc:  # e.g. the key's slot is not covered, for now
+        raise RedisConnectionError(f"Redis Cluster: {exc}") from exc
 
 
 def _url_options_refused(settings: RedisSettings, exc: ValueError) -> ConfigError:

@@ -5,13 +5,15 @@ CLI edge): a CronJob pod starts cold every time, and the SDK with protobuf and r
 measurable part of a start. The SDK reads every other ``OTEL_*`` variable itself (service
 name, resource attributes, headers, timeouts, batch sizes, temporality).
 
-Spans: ``run <task>``, with children ``acquire`` (which includes connecting: the client
-connects on its first command), ``task``, and ``complete`` or ``release``. The run's span
-carries task, slot, fencing token, holder, outcome and exit code. The task span is the current
-span inside a Python task's thread, so the task's own spans nest under it.
+Spans: ``run <task>``, with children ``connect`` (opening the connection without sending a
+command; on Cluster, to the node that holds the task's keys, from the slot table read when the
+client was built, before the run), ``acquire``, ``task``, and ``complete`` or ``release``. A run
+terminated before it reaches Redis has no ``connect``. The run's span carries task, slot,
+fencing token, holder, outcome and exit code. The task span is the current span inside a Python
+task's thread, so the task's own spans nest under it.
 
 Metrics: ``cron_runner.runs`` by outcome, ``cron_runner.run.duration``,
-``cron_runner.lock.wait`` (the time acquire took, whatever it found), and
+``cron_runner.lock.wait`` (connect and acquire together, whatever acquire found), and
 ``cron_runner.lease.renewals`` / ``cron_runner.lease.renewals.failed``.
 
 Everything is delivered when the run ends, within ``flush_timeout_s``: a dead or hung collector
@@ -56,6 +58,8 @@ EXIT_CODE = "cron_runner.exit_code"
 # grpc works once opentelemetry-exporter-otlp-proto-grpc is installed beside it.
 _PACKAGES = {"http/protobuf": "http", "grpc": "grpc"}
 _DURATION_BUCKETS_S = (0.1, 0.5, 1, 5, 10, 30, 60, 300, 600, 1800, 3600, 7200, 21600)
+# The lock wait runs from the start of the first of these to the end of the last one reached.
+_LOCK_WAIT_PHASES = ("connect", "acquire")
 _WAIT_BUCKETS_S = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10)
 
 
@@ -165,6 +169,7 @@ class RunTelemetry:
         self._root: Span | None = None
         self._root_token: Token[Context] | None = None
         self._started_at = time.monotonic()
+        self._wait_started: float | None = None
         self._lock_wait_s: float | None = None
         self._finished = False
         self._closed = False
@@ -186,12 +191,14 @@ class RunTelemetry:
     @contextmanager
     def phase(self, name: str) -> Iterator[object]:
         started = time.monotonic()
+        if name in _LOCK_WAIT_PHASES and self._wait_started is None:
+            self._wait_started = started
         try:
             with self._tracer.start_as_current_span(name) as span:
                 yield span
         finally:
-            if name == "acquire":
-                self._lock_wait_s = time.monotonic() - started
+            if name in _LOCK_WAIT_PHASES:
+                self._lock_wait_s = time.monotonic() - (self._wait_started or started)
 
     def acquired(self, fence: int) -> None:
         if self._root is not None:

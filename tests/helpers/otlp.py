@@ -45,6 +45,8 @@ class ReceivedSpan:
     resource: dict[str, Any]
     status_code: int
     events: list[str]
+    start_ns: int
+    end_ns: int
 
 
 @dataclass
@@ -127,6 +129,8 @@ class OtlpReceiver:
                             resource=resource,
                             status_code=int(s.status.code),
                             events=[e.name for e in s.events],
+                            start_ns=s.start_time_unix_nano,
+                            end_ns=s.end_time_unix_nano,
                         )
                         for s in ss.spans
                     )

@@ -500,6 +500,25 @@ def test_cluster_unreachable_exits_3(tmp_path: Path) -> None:
     assert [e.get("exit_code") for e in events(res.stderr) if e.get("event") == "error"] == [3]
 
 
+def test_cluster_node_of_the_task_away_ends_the_run_in_its_connect_phase(tmp_path: Path) -> None:
+    """The slot table comes from a node that answers; the node that holds the task's keys does
+    not. The connect phase retries it (reading the table again) until the deadline: exit 3."""
+    effects = tmp_path / "effects"
+    with ClusterTopology() as away:
+        node = away.nodes[1]
+        name = task_names_per_node(away, "cron-runner", "default")[node.port]
+        node.stop()
+        res = run(["exec", "--name", name, "--", *_effect(effects)],
+                  runner_env(away.url, CRON_RUNNER_REDIS_CLUSTER="true",
+                             CRON_RUNNER_CONNECT_TIMEOUT="1s"))  # fmt: skip
+    assert (res.returncode, outcome(res.stderr)) == (3, "unavailable"), res.stderr
+    finished = next(e for e in events(res.stderr) if e.get("event") == "finished")
+    assert "(connect: " in finished["msg"]
+    assert f":{node.port}" in finished["msg"]
+    assert "Traceback" not in res.stderr
+    assert not effects.exists()
+
+
 @pytest.mark.parametrize("dropped", ["", *ACL_CLUSTER.split()])
 def test_cluster_acl_rule_on_every_node(cluster: ClusterTopology, dropped: str) -> None:
     """The rule plus the Cluster addition, on every node: runs on each node and a renewal

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import signal
 import subprocess
@@ -64,11 +65,15 @@ def test_a_run_exports_its_span_tree_attributes_and_metrics(
     slot = next(e["slot"] for e in events(res.stderr) if e.get("event") == "start")
 
     spans = _by_name(receiver.spans())
-    assert set(spans) == {"run traced", "acquire", "task", "complete", "user-work"}
+    assert set(spans) == {"run traced", "connect", "acquire", "task", "complete", "user-work"}
     root = spans["run traced"]
     assert root.parent_span_id == b""
-    for child in ("acquire", "task", "complete"):
+    phases = ("connect", "acquire", "task", "complete")
+    for child in phases:
         assert spans[child].parent_span_id == root.span_id, child
+    # The phases follow one another: each ends before the next starts.
+    for before, after in itertools.pairwise(phases):
+        assert spans[before].end_ns <= spans[after].start_ns, (before, after)
     # The task's own span, made with the global tracer in the task's thread, nests under "task".
     assert spans["user-work"].parent_span_id == spans["task"].span_id
     assert spans["user-work"].attributes == {"user.fencing_token": 1}
@@ -103,7 +108,7 @@ def test_failed_and_skipped_runs(
     failed = run(["exec", "--name", "seven", "--", "sh", "-c", "exit 7"], env)
     assert failed.returncode == 7
     spans = _by_name(receiver.spans())
-    assert set(spans) == {"run seven", "acquire", "task", "release"}
+    assert set(spans) == {"run seven", "connect", "acquire", "task", "release"}
     root = spans["run seven"]
     assert root.attributes["cron_runner.outcome"] == "failed"
     assert root.attributes["cron_runner.exit_code"] == 7
@@ -125,7 +130,7 @@ def test_failed_and_skipped_runs(
     for root in roots:
         children = {s.name for s in receiver.spans() if s.parent_span_id == root.span_id}
         if root.attributes["cron_runner.outcome"].startswith("skipped"):
-            assert children == {"acquire"}
+            assert children == {"connect", "acquire"}
             assert "cron_runner.fencing_token" not in root.attributes
     waits = _points(receiver, "cron_runner.lock.wait")
     assert sorted(p.attributes["cron_runner.outcome"] for p in waits) == outcomes
@@ -170,7 +175,7 @@ def test_sigterm_still_delivers_telemetry(
     assert proc.returncode == 143, stderr
     spans = _by_name(receiver.spans())
     assert spans["run slow"].attributes["cron_runner.outcome"] == "terminated"
-    assert {"acquire", "task", "release"} <= set(spans)
+    assert {"connect", "acquire", "task", "release"} <= set(spans)
     assert _runs_by_outcome(receiver) == {"terminated": 1}
 
 
@@ -181,11 +186,32 @@ def test_redis_unreachable_is_an_unavailable_run(receiver: OtlpReceiver) -> None
     res = run(["exec", "--name", "nowhere", "--", "true"], env)
     assert res.returncode == 3
     spans = _by_name(receiver.spans())
-    assert set(spans) == {"run nowhere", "acquire"}
-    assert spans["acquire"].status_code == 2
-    assert "exception" in spans["acquire"].events
+    # Redis never answered: the run ended in its connect phase and tried no acquire.
+    assert set(spans) == {"run nowhere", "connect"}
+    assert spans["connect"].parent_span_id == spans["run nowhere"].span_id
+    assert spans["connect"].status_code == 2
+    assert "exception" in spans["connect"].events
     assert spans["run nowhere"].attributes["cron_runner.outcome"] == "unavailable"
     assert _runs_by_outcome(receiver) == {"unavailable": 1}
+    # The lock wait counts the time spent connecting, even when that is all there was.
+    waits = _points(receiver, "cron_runner.lock.wait")
+    assert [p.attributes["cron_runner.outcome"] for p in waits] == ["unavailable"]
+
+
+def test_refused_credentials_end_the_run_in_its_connect_phase(receiver: OtlpReceiver) -> None:
+    with RedisServer(extra_args=["--requirepass", "right"]) as server:
+        unknown = run(["run", "no-such-task"], _env(server.url, receiver.endpoint))
+        assert unknown.returncode == 2
+        assert receiver.spans() == []  # refused before the run: nothing to trace
+
+        wrong = _env(server.url, receiver.endpoint, CRON_RUNNER_REDIS_PASSWORD="wrong")
+        res = run(["exec", "--name", "refused", "--", "true"], wrong)
+    assert res.returncode == 2, res.stderr
+    spans = _by_name(receiver.spans())
+    assert set(spans) == {"run refused", "connect"}
+    assert spans["connect"].parent_span_id == spans["run refused"].span_id
+    assert spans["connect"].status_code == 2
+    assert spans["run refused"].attributes["cron_runner.exit_code"] == 2
 
 
 @pytest.mark.parametrize("collector", ["hung", "refusing"])
