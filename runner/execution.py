@@ -17,11 +17,11 @@ from typing import Any, NamedTuple, NoReturn, Protocol
 from redis.exceptions import RedisError
 
 from runner import clock, slots
-from runner.errors import LeaseNotOwned, StoreUnavailable
+from runner.errors import ConfigError, LeaseNotOwned, StoreUnavailable, Terminated
 from runner.keeper import Keeper
 from runner.keys import TaskKeys
 from runner.lease import Acquired, Held, Lease, SlotDone, new_token
-from runner.logs import RunLogger, run_logger
+from runner.logs import RunLogger, keeper_logger, run_logger
 from runner.settings import Settings
 from runner.store import open_connection, replicas_acknowledged, wait_timeout_ms, with_deadline
 from runner.targets import CommandTarget, Target, reap_orphans
@@ -29,6 +29,7 @@ from runner.tasks import RunContext
 
 TICK_S = 0.05
 ONE_HOUR_S = 3600.0
+FALLBACK_RETENTION_S = 7 * 24 * ONE_HOUR_S
 
 # Outcomes, as recorded in the run stream and counted by telemetry.
 RAN = "ran"
@@ -119,14 +120,25 @@ def resolve_slot(settings: Settings, now_s: float) -> int | None:
     return None
 
 
-def retention_s(settings: Settings) -> float:
+def retention_s(settings: Settings, log: RunLogger | None = None) -> float:
     if settings.lease.slot_retention_s is not None:
         return settings.lease.slot_retention_s
     s = settings.slots
     if s.schedule:
         # With a Job name the tolerance plays no part (and was not checked at start).
         tolerance_s = 0.0 if s.job_name else s.skew_tolerance_s
-        return slots.Schedule.parse(s.schedule, s.timezone, tolerance_s).retention_s
+        try:
+            return slots.Schedule.parse(s.schedule, s.timezone, tolerance_s).retention_s
+        except ConfigError as exc:
+            # Only with a Job name (else the schedule was checked at start), e.g. Kubernetes'
+            # `@every 1h`, which we cannot read: the task has run, so keep the marker long
+            # rather than fail the run and leave its lease to expire.
+            if log is not None:
+                log.warning(
+                    f"CRON_RUNNER_SCHEDULE: {exc}; slot markers are kept {FALLBACK_RETENTION_S:g}s",
+                    extra={"event": "retention_fallback"},
+                )
+            return FALLBACK_RETENTION_S
     # A Job-name slot without a schedule: a day covers any CronJob retry window.
     return 24 * ONE_HOUR_S
 
@@ -208,6 +220,7 @@ class Execution:
             sent_at[0] = clock.monotonic()
             return self.lease.acquire(self.slot)
 
+        stopping = lambda: self.shutdown.requested  # noqa: E731
         try:
             with self.observer.phase("connect"):
                 with_deadline(
@@ -215,12 +228,39 @@ class Execution:
                     deadline_s=deadline,
                     what="connect",
                     where=self.where,
+                    stop=stopping,
                 )
             with self.observer.phase("acquire"):
-                got = with_deadline(acquire, deadline_s=deadline, what="acquire", where=self.where)
+                got = with_deadline(
+                    acquire, deadline_s=deadline, what="acquire", where=self.where, stop=stopping
+                )
         except StoreUnavailable as exc:
             return self._finish_log(RunResult(UNAVAILABLE, 3, reason=str(exc)))
+        except Terminated as exc:
+            return self._finish_log(RunResult(TERMINATED, 143, reason=str(exc)))
 
+        if not isinstance(got, Acquired):
+            return self._skipped(got)
+
+        self.fence = got.fence
+        self.log.bind(fence=got.fence)
+        self.observer.acquired(got.fence)
+        self._wait_replicas()
+        self.log.info("acquired", extra={"event": "acquired"})
+        if self.shutdown.requested:
+            # SIGTERM arrived while acquiring: give the lease back unused, the slot still open.
+            with self.observer.phase("release"):
+                self._release(TERMINATED, 143, "terminated before the task started")
+            return self._finish_log(RunResult(TERMINATED, 143, reason="terminated before start"))
+        self.keeper = keeper = Keeper(
+            self.lease,
+            ttl_s=self.settings.lease.ttl_s,
+            confirmed_at=sent_at[0],
+            logger=keeper_logger(self.log),
+        ).start()
+        return self._finish_log(self._run_task(keeper, got.fence))
+
+    def _skipped(self, got: Held | SlotDone) -> RunResult:
         if isinstance(got, Held):
             self.log.info(
                 "skipped: another holder has the lease",
@@ -228,28 +268,17 @@ class Execution:
                        "run_holder": got.holder, "ttl_ms": got.ttl_ms},
             )  # fmt: skip
             return RunResult(SKIPPED_HELD, 0, reason=f"held by {got.holder}")
-        if isinstance(got, SlotDone):
-            finished = (
-                time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(got.finished_at))
-                if got.finished_at
-                else "unknown"
-            )
-            self.log.info(
-                "skipped: this slot already ran",
-                extra={"event": "skipped", "outcome": SKIPPED_DONE, "exit_code": 0,
-                       "run_holder": got.holder, "finished_at": finished},
-            )  # fmt: skip
-            return RunResult(SKIPPED_DONE, 0, reason=f"slot done by {got.holder} at {finished}")
-
-        self.fence = got.fence
-        self.log.bind(fence=got.fence)
-        self.observer.acquired(got.fence)
-        self._wait_replicas()
-        self.log.info("acquired", extra={"event": "acquired"})
-        self.keeper = keeper = Keeper(
-            self.lease, ttl_s=self.settings.lease.ttl_s, confirmed_at=sent_at[0]
-        ).start()
-        return self._finish_log(self._run_task(keeper, got.fence))
+        finished = (
+            time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(got.finished_at))
+            if got.finished_at
+            else "unknown"
+        )
+        self.log.info(
+            "skipped: this slot already ran",
+            extra={"event": "skipped", "outcome": SKIPPED_DONE, "exit_code": 0,
+                   "run_holder": got.holder, "finished_at": finished},
+        )  # fmt: skip
+        return RunResult(SKIPPED_DONE, 0, reason=f"slot done by {got.holder} at {finished}")
 
     def _wait_replicas(self) -> None:
         wanted = self.settings.redis.min_replicas
@@ -286,11 +315,15 @@ class Execution:
             lease_valid=lambda: not keeper.is_lost(),
         )
         self.target.start(ctx)
+        # As PID 1, exited orphans are ours to reap. While a command runs, every other child
+        # is one (the command is our only child). A Python task's children are its own: reaping
+        # them would steal their exit codes from its subprocess calls, so they wait till it ends.
+        reap_during = os.getpid() == 1 and isinstance(self.target, CommandTarget)
         keep_pid = self.target.pid if isinstance(self.target, CommandTarget) else None
         kill_at: float | None = None
         stop_reason: str | None = None
         while not self.target.poll(TICK_S):
-            if os.getpid() == 1:
+            if reap_during:
                 reap_orphans(keep_pid)
             now = clock.monotonic()
             if stop_reason is None and keeper.is_lost():
@@ -352,7 +385,7 @@ class Execution:
             return RunResult(FAILED, code, reason=error)
         done = getattr(self.target, "outcome", RAN)
         # Only a completing run needs the retention: a CronJob pod's start stays free of croniter.
-        self.lease.retention_ms = int(retention_s(self.settings) * 1000)
+        self.lease.retention_ms = int(retention_s(self.settings, self.log) * 1000)
         try:
             with self.observer.phase("complete"):
                 self._store(

@@ -34,7 +34,7 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 from redis.sentinel import MasterNotFoundError
 
 from runner import clock
-from runner.errors import ConfigError, StoreUnavailable
+from runner.errors import ConfigError, StoreUnavailable, Terminated
 from runner.settings import RedisSettings
 
 T = TypeVar("T")
@@ -323,6 +323,7 @@ def with_deadline(
     what: str,
     where: str,
     sleep: Callable[[float], None] = time.sleep,
+    stop: Callable[[], bool] | None = None,
 ) -> T:
     """Run ``call`` until it succeeds or ``deadline_s`` (monotonic) passes.
 
@@ -353,6 +354,10 @@ def with_deadline(
             remaining = deadline_s - clock.monotonic()
             if remaining <= 0:
                 raise StoreUnavailable(f"{what}: Redis at {where} unreachable: {exc}") from exc
+            if stop is not None and stop():
+                # Asked to stop (SIGTERM) while Redis was away: retrying on would only take a
+                # lease to then give it back.
+                raise Terminated(f"{what}: stopped while Redis at {where} was unreachable") from exc
             backoff = random.uniform(0, min(BACKOFF_CAP_S, BACKOFF_BASE_S * 2**attempt))
             sleep(min(remaining, backoff))
             attempt += 1

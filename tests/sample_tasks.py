@@ -43,3 +43,19 @@ def stubborn(ctx: RunContext) -> None:
     """Ignores cancellation: it cannot be killed inside the process."""
     _mark(ctx, "start")
     time.sleep(float(os.environ.get("TASK_SECONDS", "30")))
+
+
+@task("child-codes")
+def child_codes(ctx: RunContext) -> None:
+    """Waits on its own subprocesses, polling as a slow loop would, and writes their codes:
+    a PID-1 runner that reaped them would turn each code into 0."""
+    import subprocess  # noqa: PLC0415
+
+    codes: list[int] = []
+    for code in (7, 5):
+        child = subprocess.Popen(["sh", "-c", f"sleep 0.2; exit {code}"])
+        while child.poll() is None:
+            time.sleep(0.02)
+        codes.append(child.returncode)
+    codes.append(subprocess.run(["sh", "-c", "exit 3"], check=False).returncode)
+    _mark(ctx, "codes:" + ",".join(map(str, codes)))

@@ -168,3 +168,19 @@ def test_runner_reaps_orphans_as_pid_1(redis_server: RedisServer, tmp_path: Path
     )
     assert res.returncode == 0, res.stderr
     assert res.stdout.strip() == "0", f"zombies left under PID 1: {res.stdout}"
+
+
+def test_a_python_task_keeps_its_subprocess_codes_under_a_pid_1_runner(
+    redis_server: RedisServer, tmp_path: Path
+) -> None:
+    # The image runs the runner as PID 1. Reaping every exited child there would take a Python
+    # task's own subprocesses from it: Popen then reports 0 for a child that exited 7.
+    effects = tmp_path / "effects"
+    env = runner_env(redis_server.url, SIDE_EFFECTS=str(effects))
+    res = subprocess.run(
+        ["unshare", "--pid", "--fork", "--mount-proc", CRON_RUNNER, "run", "child-codes"],
+        env=env, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert res.returncode == 0, res.stderr
+    (line,) = effects.read_text().splitlines()
+    assert line.split()[0] == "codes:7,5,3"

@@ -68,5 +68,34 @@ def test_tasks_lists_names_and_origins(redis_server: RedisServer) -> None:
     res = run(["tasks"], runner_env(redis_server.url))
     assert res.returncode == 0
     lines = res.stdout.splitlines()
-    assert [line.split()[0] for line in lines] == ["boom", "ok", "slow", "stubborn"]
+    assert [line.split()[0] for line in lines] == ["boom", "child-codes", "ok", "slow", "stubborn"]
     assert "tests.sample_tasks.ok" in res.stdout
+
+
+def test_every_run_line_carries_every_run_field(redis_server: RedisServer) -> None:
+    """One crontab log file holds every task's lines: each line of a run has the task, slot,
+    holder, fencing token, outcome, duration and exit code (null until known), the keeper's
+    'lease lost' line included."""
+    import redis  # noqa: PLC0415
+
+    from runner.logs import RUN_FIELDS  # noqa: PLC0415
+    from tests.helpers.proc import events, spawn  # noqa: PLC0415
+    from tests.helpers.wait import wait_for  # noqa: PLC0415
+
+    env = runner_env(redis_server.url, CRON_RUNNER_LEASE_TTL="1500ms")
+    proc = spawn(["exec", "--name", "fields", "--holder", "pod-f", "--", "sleep", "30"], env)
+    client = redis.Redis(port=redis_server.port, decode_responses=True)
+    lease = "cron-runner:{default:fields}:lease"
+    wait_for(lambda: client.get(lease), what="the lease")
+    client.delete(lease)  # the next renewal is refused: the keeper declares the loss
+    _, stderr = proc.communicate(timeout=30)
+    assert proc.returncode == 4, stderr
+    lines = events(stderr)
+    assert {e["event"] for e in lines} >= {"start", "acquired", "lease_lost", "finished"}
+    for line in lines:
+        assert set(RUN_FIELDS) <= set(line), line
+        assert (line["task"], line["holder"], line["slot"]) == ("fields", "pod-f", "manual")
+    (lost,) = [e for e in lines if e["event"] == "lease_lost"]
+    assert lost["logger"] == "runner.keeper"
+    assert lost["fence"] == 1
+    assert lines[-1]["outcome"] == "lease_lost" and lines[-1]["exit_code"] == 4

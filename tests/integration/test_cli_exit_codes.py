@@ -5,6 +5,7 @@ from __future__ import annotations
 import signal
 import time
 from pathlib import Path
+from typing import cast
 
 import pytest
 import redis
@@ -92,7 +93,7 @@ def test_exec_output_is_passed_through(redis_server: RedisServer) -> None:
     [
         (["run", "ok"], {"CRON_RUNNER_SCHEDULE": "61 * * * *"}, "CRON_RUNNER_SCHEDULE"),
         (["run", "ok", "--schedule", "not a cron"], {}, "--schedule"),
-        (["run", "nope"], {}, "known tasks: boom, ok, slow, stubborn"),
+        (["run", "nope"], {}, "known tasks: boom, child-codes, ok, slow, stubborn"),
         (["run", "ok"], {"CRON_RUNNER_TIMEZONE": "Mars/Olympus"}, "CRON_RUNNER_TIMEZONE"),
         (["run", "ok"], {"CRON_RUNNER_REDIS_URL": "http://x"}, "CRON_RUNNER_REDIS_URL"),
         (["run", "ok"], {"CRON_RUNNER_LEASE_TTL": "thirty"}, "CRON_RUNNER_LEASE_TTL"),
@@ -151,3 +152,43 @@ def test_every_minute_schedule_runs_with_default_tolerance(redis_server: RedisSe
     explicit = run(["exec", "--name", "minutely", "--skew-tolerance", "30s", "--", "true"], env)
     assert explicit.returncode == 2
     assert "--skew-tolerance" in explicit.stderr
+
+
+def test_sigterm_while_redis_is_away_exits_143_without_running(effects: Path) -> None:
+    # A pod evicted while Redis is down must not wait out the connect deadline, then take the
+    # lease and start the task only to stop it.
+    port = free_port()
+    env = runner_env(
+        f"redis://127.0.0.1:{port}/0", SIDE_EFFECTS=str(effects), CRON_RUNNER_CONNECT_TIMEOUT="60s"
+    )
+    proc = spawn(["exec", "--name", "x", "--", "sh", "-c", f"echo ran >> {effects}"], env)
+    time.sleep(1.0)  # connecting: every attempt is refused, and retried
+    proc.send_signal(signal.SIGTERM)
+    _, stderr = proc.communicate(timeout=20)  # far below the 60 s deadline
+    assert proc.returncode == 143, stderr
+    assert outcome(stderr) == "terminated"
+    assert "stopped while Redis" in stderr
+    assert not effects.exists()
+
+
+def test_a_schedule_the_runner_cannot_read_does_not_fail_a_run_that_ran(
+    redis_server: RedisServer, r: redis.Redis, effects: Path
+) -> None:
+    # Kubernetes accepts `@every 1h`; with a Job name the runner needs the schedule only for
+    # the marker's retention, after the task ran: it keeps the marker 7 days and exits 0.
+    minutes = int(time.time() // 60)
+    env = runner_env(
+        redis_server.url,
+        SIDE_EFFECTS=str(effects),
+        CRON_RUNNER_JOB_NAME=f"every-{minutes}",
+        CRON_RUNNER_CRONJOB_NAME="every",
+        CRON_RUNNER_SCHEDULE="@every 1h",
+    )
+    res = run(["run", "ok"], env)
+    assert (res.returncode, outcome(res.stderr)) == (0, "ran"), res.stderr
+    assert any(e.get("event") == "retention_fallback" for e in events(res.stderr))
+    marker = f"cron-runner:{{default:ok}}:slot:{minutes * 60}"
+    assert 6 * 86_400 < cast(int, r.ttl(marker)) <= 7 * 86_400
+    assert r.get(LEASE % "ok") is None
+    again = run(["run", "ok"], env)
+    assert (again.returncode, outcome(again.stderr)) == (0, "skipped_done")
