@@ -43,8 +43,11 @@ class Keeper:
         renew_interval_s: float | None = None,
         on_lost: Callable[[str], None] | None = None,
         on_renewed: Callable[[], None] | None = None,
+        logger: logging.Logger | logging.LoggerAdapter[logging.Logger] = log,
     ) -> None:
         self.lease = lease
+        # A run passes its own (runner.logs.RunLogger), so these lines carry its fields too.
+        self.log = logger
         self.ttl_s = ttl_s
         self.renew_interval_s = renew_interval_s or ttl_s / 3
         self.margin_s = drift_margin_s(ttl_s)
@@ -97,7 +100,7 @@ class Keeper:
                 return
             self.lost_reason = reason
             self._lost.set()
-        log.warning("lease lost: %s", reason, extra={"event": "lease_lost"})
+        self.log.warning("lease lost: %s", reason, extra={"event": "lease_lost"})
         if self._on_lost is not None:
             self._on_lost(reason)
 
@@ -125,7 +128,7 @@ class Keeper:
                 return
             except RedisError as exc:
                 self.failed_renewals += 1
-                log.warning(
+                self.log.warning(
                     "lease renewal failed, retrying: %s", exc, extra={"event": "renew_failed"}
                 )
                 next_attempt = clock.monotonic() + self.retry_interval_s
@@ -138,7 +141,7 @@ class Keeper:
                 return
             self._confirmed_at = sent_at
             self.renewals += 1
-            log.debug("lease renewed", extra={"event": "renewed"})
+            self.log.debug("lease renewed", extra={"event": "renewed"})
             if self._on_renewed is not None:
                 self._on_renewed()
             next_attempt = sent_at + self.renew_interval_s

@@ -33,7 +33,12 @@ class JsonFormatter(logging.Formatter):
             "logger": record.name,
             "msg": record.getMessage(),
         }
-        line.update(_fields(record))
+        fields = _fields(record)
+        if "task" in fields:
+            # A run's line: every run field is there, null until known, so a query over many
+            # tasks' logs (one crontab file, one log index) never misses a key.
+            line.update(dict.fromkeys(RUN_FIELDS))
+        line.update(fields)
         if record.exc_info:
             line["error"] = self.formatException(record.exc_info)
         return json.dumps(line, default=str)
@@ -72,3 +77,9 @@ class RunLogger(logging.LoggerAdapter[logging.Logger]):
 
 def run_logger(task: str, holder: str) -> RunLogger:
     return RunLogger(logging.getLogger("runner"), {"task": task, "holder": holder})
+
+
+def keeper_logger(run_log: RunLogger) -> RunLogger:
+    """The keeper's lines under their own logger name, with the run's fields: the same dict,
+    so fields bound later (the fence) reach them too."""
+    return RunLogger(logging.getLogger("runner.keeper"), run_log.extra)

@@ -59,7 +59,7 @@ def events(stderr: str) -> list[dict[str, Any]]:
 
 def outcome(stderr: str) -> str | None:
     for e in reversed(events(stderr)):
-        if "outcome" in e:
+        if e.get("outcome") is not None:  # every run line has the key, null until the end
             return str(e["outcome"])
     return None
 

@@ -54,7 +54,7 @@ def keys(task: str) -> TaskKeys:
 
 
 def last_outcome(events: list[dict[str, Any]]) -> dict[str, Any]:
-    finals = [e for e in events if "outcome" in e]
+    finals = [e for e in events if e.get("outcome") is not None]
     assert finals, f"no outcome logged: {events}"
     return finals[-1]
 
