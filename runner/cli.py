@@ -42,6 +42,8 @@ ENVIRONMENT = """environment (flags win over variables):
   CRON_RUNNER_TASK_MODULES       modules to import so their @task functions register
   CRON_RUNNER_HOLDER, _SCOPE     holder id (default host:pid) and key scope (default 'default')
   CRON_RUNNER_LOG_FORMAT, _LEVEL json or text; debug, info, warning, error
+  CRON_RUNNER_MODE               run, or enqueue (queue mode; then CRON_RUNNER_QUEUE, _RETRIES_MAX,
+                                 _RETRIES_MIN_BACKOFF, _RETRIES_MAX_BACKOFF, _TIME_LIMIT apply)
   OTEL_EXPORTER_OTLP_ENDPOINT    turns OpenTelemetry on (telemetry extra); delivered at exit within
                                  CRON_RUNNER_TELEMETRY_FLUSH_TIMEOUT (default 3s)
 Durations accept 30, 30s, 1m, 500ms, 1h. See the README for the full list.
