@@ -15,7 +15,11 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-WORK=${IMAGE_WORK:-$PWD/.work/podman}
+# A directory of our own even when IMAGE_WORK names a shared one: clean removes what is
+# inside WORK, and must never reach something this script did not create.
+WORK=${IMAGE_WORK:+$IMAGE_WORK/cron-runner-image}
+WORK=${WORK:-$PWD/.work/podman}
+MARKER=$WORK/.made-by-image-sh
 BASE_IMAGE=localhost/py-base:bookworm
 IMAGE=${IMAGE:-localhost/cron-runner:test}
 EXAMPLE_IMAGE=${EXAMPLE_IMAGE:-localhost/cron-runner-example:test}
@@ -39,6 +43,7 @@ require_tools() {
 configure() {
     local d
     for d in "${OWNED_DIRS[@]}" cache; do mkdir -p "$WORK/$d"; done
+    touch "$MARKER"
     cat >"$WORK/conf/storage.conf" <<EOF
 [storage]
 driver = "overlay"
@@ -132,7 +137,7 @@ unmount_below_work() {
 }
 
 clean() {
-    [[ -f $WORK/conf/containers.conf ]] || return 0
+    [[ -f $MARKER ]] || return 0
     configure
     if command -v podman >/dev/null; then
         # The storage is private, so "all" means only what this script and its tests made.
