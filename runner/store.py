@@ -226,8 +226,13 @@ def open_connection(client: Any, key: str) -> None:
 
 
 def _open_pooled(pool: Any) -> None:
-    # The command name is only the pool's bookkeeping: nothing is sent.
-    pool.release(pool.get_connection("_"))
+    # Nothing is sent. redis-py 5.2 requires a command name (only for its bookkeeping);
+    # 5.3 and later deprecate passing one.
+    try:
+        connection = pool.get_connection()
+    except TypeError:
+        connection = pool.get_connection("_")
+    pool.release(connection)
 
 
 def _open_cluster_node(client: Any, key: str) -> None:
