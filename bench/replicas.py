@@ -35,7 +35,7 @@ def one_round(url: str, name: str, replicas: int) -> tuple[float, Counter[str]]:
     for proc in procs:
         _, stderr = proc.communicate()
         last = [json.loads(line) for line in stderr.splitlines() if line.startswith("{")]
-        outcomes[next((e["outcome"] for e in reversed(last) if "outcome" in e), "none")] += 1
+        outcomes[next((e["outcome"] for e in reversed(last) if e.get("outcome")), "none")] += 1
     return time.perf_counter() - started, outcomes
 
 

@@ -72,11 +72,13 @@ def show(holder: str, proc: subprocess.Popen[str]) -> str:
         except json.JSONDecodeError:
             print(f"  {holder:<10} {line}")
             continue
-        result = event.get("outcome", result)
+        # Every run line has every run field, null until known.
+        if event.get("outcome") is not None:
+            result = event["outcome"]
         detail = " ".join(
             f"{k}={event[k]}"
             for k in ("run_holder", "fence", "finished_at", "reason")
-            if k in event
+            if event.get(k) is not None
         )
         print(f"  {holder:<10} {event.get('msg', '')}  {DIM}{detail}{RESET}")
     log.close()
