@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import signal
+import subprocess
 import time
 from pathlib import Path
 from typing import cast
@@ -11,7 +12,7 @@ import pytest
 import redis
 
 from runner.devserver import RedisServer, free_port
-from tests.helpers.proc import events, outcome, run, runner_env, side_effects, spawn
+from tests.helpers.proc import CRON_RUNNER, events, outcome, run, runner_env, side_effects, spawn
 from tests.helpers.wait import wait_for
 
 LEASE = "cron-runner:{default:%s}:lease"
@@ -154,17 +155,29 @@ def test_every_minute_schedule_runs_with_default_tolerance(redis_server: RedisSe
     assert "--skew-tolerance" in explicit.stderr
 
 
-def test_sigterm_while_redis_is_away_exits_143_without_running(effects: Path) -> None:
+def test_sigterm_while_redis_is_away_exits_143_without_running(
+    effects: Path, tmp_path: Path
+) -> None:
     # A pod evicted while Redis is down must not wait out the connect deadline, then take the
     # lease and start the task only to stop it.
-    port = free_port()
     env = runner_env(
-        f"redis://127.0.0.1:{port}/0", SIDE_EFFECTS=str(effects), CRON_RUNNER_CONNECT_TIMEOUT="60s"
+        f"redis://127.0.0.1:{free_port()}/0",
+        SIDE_EFFECTS=str(effects),
+        CRON_RUNNER_CONNECT_TIMEOUT="60s",
     )
-    proc = spawn(["exec", "--name", "x", "--", "sh", "-c", f"echo ran >> {effects}"], env)
-    time.sleep(1.0)  # connecting: every attempt is refused, and retried
-    proc.send_signal(signal.SIGTERM)
-    _, stderr = proc.communicate(timeout=20)  # far below the 60 s deadline
+    log = tmp_path / "stderr.log"
+    with log.open("w") as err:
+        proc = subprocess.Popen(
+            [CRON_RUNNER, "exec", "--name", "x", "--", "sh", "-c", f"echo ran >> {effects}"],
+            env=env, stdout=subprocess.DEVNULL, stderr=err, text=True,
+        )  # fmt: skip
+        # "start" is logged with the signal handlers in place, just before connecting; every
+        # attempt is then refused at once and retried with backoff.
+        wait_for(lambda: '"event": "start"' in log.read_text(), what="the run to start")
+        time.sleep(0.3)
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=20)  # far below the 60 s deadline
+    stderr = log.read_text()
     assert proc.returncode == 143, stderr
     assert outcome(stderr) == "terminated"
     assert "stopped while Redis" in stderr
