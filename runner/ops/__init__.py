@@ -238,18 +238,28 @@ def cmd_history(args: argparse.Namespace, settings: Settings) -> int:
     return 0
 
 
-def cmd_unlock(args: argparse.Namespace, settings: Settings) -> int:
-    from runner.keys import TaskKeys, validate_name  # noqa: PLC0415
-    from runner.lease import holder_of, unlock  # noqa: PLC0415
+def _require_force(args: argparse.Namespace, command: str, why: str) -> None:
+    """The admin commands act on one named task, and only when told twice (``--force``)."""
+    from runner.keys import validate_name  # noqa: PLC0415
 
     validate_name("TASK", args.task)
     if not args.force:
         raise ConfigError(
-            f"unlock {args.task}: refused without --force. Removing a lease lets another run "
-            "start while its holder may still be running (it stops at its next renewal, exit 4). "
-            f"Look first with `cron-runner status {args.task}`; --holder H removes it only "
-            "from H."
+            f"{command} {args.task}: refused without --force. {why} "
+            f"Look first with `cron-runner status {args.task}`."
         )
+
+
+def cmd_unlock(args: argparse.Namespace, settings: Settings) -> int:
+    from runner.keys import TaskKeys  # noqa: PLC0415
+    from runner.lease import holder_of, unlock  # noqa: PLC0415
+
+    _require_force(
+        args,
+        "unlock",
+        "Removing a lease lets another run start while its holder may still be running (it "
+        "stops at its next renewal, exit 4); --holder H removes it only from H.",
+    )
     lease = settings.lease
     keys = TaskKeys(lease.prefix, lease.scope, args.task)
     record: dict[str, str | int | float] = {
@@ -282,16 +292,10 @@ def cmd_unlock(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def cmd_forget(args: argparse.Namespace, settings: Settings) -> int:
-    from runner.keys import validate_name  # noqa: PLC0415
     from runner.lease import holder_of  # noqa: PLC0415
     from runner.ops.state import Reader  # noqa: PLC0415
 
-    validate_name("TASK", args.task)
-    if not args.force:
-        raise ConfigError(
-            f"forget {args.task}: refused without --force. It deletes the task's state and run "
-            f"history for good; look first with `cron-runner status {args.task}`."
-        )
+    _require_force(args, "forget", "It deletes the task's state and run history for good.")
     lease = settings.lease
     with _connected(settings, "forget") as client:
         reader = Reader(client, lease.prefix, lease.scope)
