@@ -1,5 +1,5 @@
 """The CLI edge: parses flags and environment into settings once, runs a subcommand, and maps
-every error to its exit code in one place (DESIGN.md, Exit codes)."""
+every error to its exit code in one place (docs/design.md, Exit codes)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
 from runner import __version__, logs
-from runner.errors import ConfigError, CronRunnerError
+from runner.errors import EXIT_TERMINATED, EXIT_USAGE, ConfigError, CronRunnerError, UsageError
 from runner.settings import Settings, load_settings
 
 if TYPE_CHECKING:
@@ -22,10 +22,13 @@ log = logging.getLogger("runner")
 
 EXIT_CODES = """exit codes:
   0    ran successfully, or skipped (another holder has the lease, or the slot already ran)
-  1    the task failed (exec passes the command's own non-zero code through)
-  2    usage or configuration error (bad cron, unknown task, bad URL, bad duration)
-  3    Redis unreachable within the connect deadline; the task did not run
-  4    the lease was lost during the run and the task was stopped
+  1    the task failed (exec passes the command's own code through, whatever it is)
+  64   usage error: the command line is wrong (unknown flag, missing argument)
+  69   Redis unreachable within the connect deadline; the task did not run
+  75   the lease was lost during the run and the task was stopped
+  78   configuration error (bad cron, unknown task, bad URL, bad duration)
+  126  exec: the command was found but cannot run (no execute bit, bad interpreter)
+  127  exec: the command was not found
   143  terminated by SIGTERM or SIGINT
 """
 
@@ -35,7 +38,7 @@ ENVIRONMENT = """environment (flags win over variables):
   CRON_RUNNER_REDIS_SENTINELS    host:port,... with CRON_RUNNER_REDIS_SENTINEL_MASTER
   CRON_RUNNER_REDIS_CLUSTER      true for Redis Cluster
   CRON_RUNNER_LEASE_TTL          lease TTL (default 30s); renewed every TTL/3
-  CRON_RUNNER_CONNECT_TIMEOUT    keep trying to reach Redis this long, then exit 3 (default 10s)
+  CRON_RUNNER_CONNECT_TIMEOUT    keep trying to reach Redis this long, then exit 69 (default 10s)
   CRON_RUNNER_SCHEDULE, _TIMEZONE  cron schedule and IANA zone, for slots
   CRON_RUNNER_SKEW_TOLERANCE     clock-skew tolerance for schedule slots (default 30s)
   CRON_RUNNER_SHUTDOWN_GRACE     after SIGTERM, wait this long before killing the task (default 25s)
@@ -86,10 +89,10 @@ def _flags(args: argparse.Namespace) -> dict[str, str | None]:
 
 
 class _Parser(argparse.ArgumentParser):
-    """Usage errors exit 2 through the same path as every other configuration error."""
+    """Usage errors take the same path as every other error: logged, then their exit code."""
 
     def error(self, message: str) -> None:  # type: ignore[override]
-        raise ConfigError(f"{self.prog}: {message}")
+        raise UsageError(f"{self.prog}: {message}")
 
 
 # The commands a CronJob pod or a crontab line runs: their start is on every run's hot path.
@@ -179,7 +182,7 @@ def cmd_exec(args: argparse.Namespace, settings: Settings) -> int:
     if argv[:1] == ["--"]:
         argv = argv[1:]
     if not argv:
-        raise ConfigError(
+        raise UsageError(
             "exec: no command given: expected cron-runner exec --name NAME -- CMD ARGS..."
         )
     validate_name("--name", args.name)
@@ -247,7 +250,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         args = parser.parse_args(args_list)
         if not getattr(args, "handler", None):
             parser.print_help(sys.stderr)
-            return 2
+            return EXIT_USAGE
         settings = load_settings(os.environ, _flags(args))
         logs.setup(settings.log.format, settings.log.level)
         handler: Callable[[argparse.Namespace, Settings], int] = args.handler
@@ -258,4 +261,4 @@ def main(argv: Sequence[str] | None = None) -> int:
         log.error(str(exc), extra={"event": "error", "exit_code": exc.exit_code})
         return exc.exit_code
     except KeyboardInterrupt:
-        return 143
+        return EXIT_TERMINATED

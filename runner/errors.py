@@ -1,6 +1,21 @@
-"""The one exception hierarchy. Each error knows its exit code; cli maps it (DESIGN.md, Exit codes)."""
+"""The one exception hierarchy. Each error knows its exit code; cli maps it (docs/design.md, Exit codes).
+
+The runner's own outcomes use the ``sysexits.h`` range, so that a wrapped command's own codes
+(1, 2, 3, 4 are common: Laravel's ``Command::INVALID`` is 2) pass through ``exec`` without being
+taken for the runner's.
+"""
 
 from __future__ import annotations
+
+EXIT_OK = 0
+EXIT_TASK_FAILED = 1
+EXIT_USAGE = 64  # EX_USAGE: the command line is wrong
+EXIT_UNAVAILABLE = 69  # EX_UNAVAILABLE: Redis unreachable within the connect deadline
+EXIT_LEASE_LOST = 75  # EX_TEMPFAIL: the lease was lost during the run; a retry may succeed
+EXIT_CONFIG = 78  # EX_CONFIG: a setting is wrong; retrying cannot help
+EXIT_CANNOT_EXECUTE = 126  # as timeout(1) and env(1): found but not runnable
+EXIT_NOT_FOUND = 127  # as timeout(1) and env(1): the command does not exist
+EXIT_TERMINATED = 143  # 128 + SIGTERM
 
 
 class CronRunnerError(Exception):
@@ -10,9 +25,15 @@ class CronRunnerError(Exception):
 
 
 class ConfigError(CronRunnerError):
-    """Usage or configuration error: bad cron, unknown task, bad URL, bad duration."""
+    """Configuration error: bad cron, unknown task, bad URL, bad duration."""
 
-    exit_code = 2
+    exit_code = EXIT_CONFIG
+
+
+class UsageError(ConfigError):
+    """The command line itself is wrong: an unknown flag, a missing argument."""
+
+    exit_code = EXIT_USAGE
 
 
 class UnknownTask(ConfigError):
@@ -22,13 +43,13 @@ class UnknownTask(ConfigError):
 class StoreUnavailable(CronRunnerError):
     """Redis could not be reached within the connect deadline, or refused to acknowledge."""
 
-    exit_code = 3
+    exit_code = EXIT_UNAVAILABLE
 
 
 class LeaseLost(CronRunnerError):
     """The lease could not be confirmed, or was taken by another holder, during the run."""
 
-    exit_code = 4
+    exit_code = EXIT_LEASE_LOST
 
 
 class LeaseNotOwned(LeaseLost):
@@ -52,7 +73,7 @@ class TaskFailed(CronRunnerError):
 class Terminated(CronRunnerError):
     """SIGTERM or SIGINT stopped the run."""
 
-    exit_code = 143
+    exit_code = EXIT_TERMINATED
 
 
 class Cancelled(Exception):

@@ -17,7 +17,14 @@ from typing import Any, NamedTuple, NoReturn, Protocol
 from redis.exceptions import RedisError
 
 from runner import clock, slots
-from runner.errors import ConfigError, LeaseNotOwned, StoreUnavailable, Terminated
+from runner.errors import (
+    EXIT_LEASE_LOST,
+    EXIT_TERMINATED,
+    ConfigError,
+    LeaseNotOwned,
+    StoreUnavailable,
+    Terminated,
+)
 from runner.keeper import Keeper
 from runner.keys import TaskKeys
 from runner.lease import Acquired, Held, Lease, SlotDone, new_token
@@ -186,7 +193,7 @@ class Execution:
             result = self._run()
         except Exception as exc:
             code = getattr(exc, "exit_code", 1)
-            self._observe_end(UNAVAILABLE if code == 3 else FAILED, code)
+            self._observe_end(UNAVAILABLE if isinstance(exc, StoreUnavailable) else FAILED, code)
             raise
         self._observe_end(result.outcome, result.exit_code)
         return result
@@ -210,9 +217,11 @@ class Execution:
             extra={"event": "start"},
         )
         if self.shutdown.requested:
-            return self._finish_log(RunResult(TERMINATED, 143, reason="terminated before start"))
+            return self._finish_log(
+                RunResult(TERMINATED, EXIT_TERMINATED, reason="terminated before start")
+            )
 
-        # Connecting and acquiring share the connect deadline: exit 3 comes within it.
+        # Connecting and acquiring share the connect deadline: exit 69 comes within it.
         deadline = clock.monotonic() + self.settings.redis.connect_timeout_s
         sent_at = [0.0]
 
@@ -235,9 +244,11 @@ class Execution:
                     acquire, deadline_s=deadline, what="acquire", where=self.where, stop=stopping
                 )
         except StoreUnavailable as exc:
-            return self._finish_log(RunResult(UNAVAILABLE, 3, reason=str(exc)))
+            return self._finish_log(
+                RunResult(UNAVAILABLE, StoreUnavailable.exit_code, reason=str(exc))
+            )
         except Terminated as exc:
-            return self._finish_log(RunResult(TERMINATED, 143, reason=str(exc)))
+            return self._finish_log(RunResult(TERMINATED, EXIT_TERMINATED, reason=str(exc)))
 
         if not isinstance(got, Acquired):
             return self._skipped(got)
@@ -250,8 +261,10 @@ class Execution:
         if self.shutdown.requested:
             # SIGTERM arrived while acquiring: give the lease back unused, the slot still open.
             with self.observer.phase("release"):
-                self._release(TERMINATED, 143, "terminated before the task started")
-            return self._finish_log(RunResult(TERMINATED, 143, reason="terminated before start"))
+                self._release(TERMINATED, EXIT_TERMINATED, "terminated before the task started")
+            return self._finish_log(
+                RunResult(TERMINATED, EXIT_TERMINATED, reason="terminated before start")
+            )
         self.keeper = keeper = Keeper(
             self.lease,
             ttl_s=self.settings.lease.ttl_s,
@@ -295,7 +308,7 @@ class Execution:
                 f"only {acked} of {wanted} replicas acknowledged the lease within {timeout_ms} ms; "
                 "released it without running (CRON_RUNNER_REDIS_MIN_REPLICAS)"
             )
-            self._release(UNAVAILABLE, 3, reason)
+            self._release(UNAVAILABLE, StoreUnavailable.exit_code, reason)
             raise StoreUnavailable(reason)
 
     def _run_task(self, keeper: Keeper, fence: int) -> RunResult:
@@ -355,7 +368,7 @@ class Execution:
         """A Python task ignored cancellation past its deadline: it cannot be killed in-process.
         Exit without releasing; the lease expires by its TTL, after this process is gone."""
         keeper.stop()
-        code = 4 if stop_reason == LEASE_LOST else 143
+        code = EXIT_LEASE_LOST if stop_reason == LEASE_LOST else EXIT_TERMINATED
         self.log.error(
             "the task did not stop and cannot be killed inside the process: exiting without "
             "releasing the lease, which expires by its TTL",
@@ -373,12 +386,12 @@ class Execution:
         error = self.target.error()
         if stop_reason == LEASE_LOST or keeper.is_lost():
             with self.observer.phase("release"):
-                self._release_quietly(LEASE_LOST, 4, keeper.lost_reason)
-            return RunResult(LEASE_LOST, 4, reason=keeper.lost_reason)
+                self._release_quietly(LEASE_LOST, EXIT_LEASE_LOST, keeper.lost_reason)
+            return RunResult(LEASE_LOST, EXIT_LEASE_LOST, reason=keeper.lost_reason)
         if stop_reason == TERMINATED:
             with self.observer.phase("release"):
-                self._release(TERMINATED, 143, error)
-            return RunResult(TERMINATED, 143, reason="terminated by signal")
+                self._release(TERMINATED, EXIT_TERMINATED, error)
+            return RunResult(TERMINATED, EXIT_TERMINATED, reason="terminated by signal")
         if code != 0:
             with self.observer.phase("release"):
                 self._release(FAILED, code, error)
@@ -397,7 +410,7 @@ class Execution:
                     )
                 )
         except LeaseNotOwned as exc:
-            return RunResult(LEASE_LOST, 4, reason=str(exc))
+            return RunResult(LEASE_LOST, EXIT_LEASE_LOST, reason=str(exc))
         self.log.info("released", extra={"event": "released"})
         return RunResult(done, 0)
 

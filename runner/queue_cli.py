@@ -26,7 +26,7 @@ backoff with jitter (@task(retries=, min_backoff=, max_backoff=)); after the las
 goes to the dead-letter queue (cron-runner dlq). On SIGTERM, running jobs get
 CRON_RUNNER_SHUTDOWN_GRACE to finish; near its end ctx.check() raises, and whatever still runs
 is put back on its queue. Exit: 0 after a clean stop, 143 if jobs were put back, 1 if a worker
-process died, 2 configuration, 3 Redis unreachable at start.
+process died, 78 configuration, 69 Redis unreachable at start.
 
 environment (flags win):
   CRON_RUNNER_WORKER_QUEUES         queues to consume, comma-separated (default: the tasks' own)

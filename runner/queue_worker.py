@@ -39,7 +39,13 @@ from dramatiq.middleware import Middleware, Retries, TimeLimit
 from redis.exceptions import RedisError
 
 from runner import clock, store
-from runner.errors import Cancelled, ConfigError, CronRunnerError, StoreUnavailable
+from runner.errors import (
+    EXIT_TERMINATED,
+    Cancelled,
+    ConfigError,
+    CronRunnerError,
+    StoreUnavailable,
+)
 from runner.keys import TaskKeys
 from runner.lease import Lease
 from runner.logs import RunLogger, run_logger
@@ -456,7 +462,7 @@ def serve(
     with contextlib.suppress(RedisError):
         broker.client.close()
         record_client.close()
-    code = 143 if runtime.requeued else 0
+    code = EXIT_TERMINATED if runtime.requeued else 0
     log.info(
         "worker stopped" + (f"; {runtime.requeued} job(s) put back" if runtime.requeued else ""),
         extra={"event": "worker_stopped", "holder": worker_id, "exit_code": code},

@@ -291,7 +291,7 @@ def _redis(src: _Source) -> RedisSettings:
 
 def _check_tls_files(tls: Mapping[str, tuple[str | None, str]]) -> None:
     """Load the CA and the client pair once here, so an unreadable or wrong file is a
-    configuration error (exit 2) rather than handshakes failing until the connect deadline."""
+    configuration error (exit 78) rather than handshakes failing until the connect deadline."""
     (ca, ca_origin), (cert, cert_origin), (key, key_origin) = tls["CA"], tls["CERT"], tls["KEY"]
     if ca is None and cert is None and key is None:
         return

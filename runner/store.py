@@ -1,8 +1,8 @@
 """The Redis client, built from settings, and calls made under the connect deadline.
 
 Fail closed: a call that cannot reach Redis is retried with exponential backoff and full
-jitter until the deadline, then raises ``StoreUnavailable`` (exit 3). A refusal that no retry
-can fix (credentials, ACL, TLS trust) raises ``ConfigError`` (exit 2) at once.
+jitter until the deadline, then raises ``StoreUnavailable`` (exit 69). A refusal that no retry
+can fix (credentials, ACL, TLS trust) raises ``ConfigError`` (exit 78) at once.
 
 Shapes, from the settings alone: ``redis://``, ``rediss://`` (CA file, optional client
 certificate, hostname checked), ``unix://``, Sentinel and Cluster (docs/reliability.md).

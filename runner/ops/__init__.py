@@ -28,15 +28,15 @@ TOLERANCE_HELP = (
 )
 
 
+# A bad flag value raises ConfigError itself, not argparse's ArgumentTypeError: argparse would
+# turn that into a usage error (64), while a bad value is a configuration error (78) wherever
+# it comes from, a flag or a variable.
 def _duration(value: str) -> float:
-    try:
-        return parse_duration(value, "--tolerance")
-    except ConfigError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from exc
+    return parse_duration(value, "--tolerance")
 
 
 def _expected(value: str) -> tuple[str, str, str]:
-    """``TASK=SCHEDULE[;TZ]`` from --expect, validated now so a typo exits 2 naming it."""
+    """``TASK=SCHEDULE[;TZ]`` from --expect, validated now so a typo exits 78 naming it."""
     from runner.keys import validate_name  # noqa: PLC0415
     from runner.slots import Schedule  # noqa: PLC0415
 
@@ -44,13 +44,13 @@ def _expected(value: str) -> tuple[str, str, str]:
     schedule, _, timezone = rest.partition(";")
     form = "expected TASK=SCHEDULE[;TZ], e.g. 'report=0 2 * * *;Europe/Berlin'"
     if not sep or not task.strip() or not schedule.strip():
-        raise argparse.ArgumentTypeError(f"{value!r} is not valid: {form}")
+        raise ConfigError(f"--expect {value!r} is not valid: {form}")
     task, schedule, timezone = task.strip(), schedule.strip(), timezone.strip() or "UTC"
     try:
         validate_name("--expect task", task)
         Schedule.parse(schedule, timezone, 0.0)
     except ConfigError as exc:
-        raise argparse.ArgumentTypeError(f"{value!r}: {exc}") from exc
+        raise ConfigError(f"--expect {value!r}: {exc}") from exc
     return task, schedule, timezone
 
 
@@ -65,7 +65,7 @@ def add_commands(sub: Any, add_flags: AddFlags) -> None:
         description="Parse the configuration; reach Redis and report its latency; run the lease "
         "scripts on scratch keys in the task keyspace (so missing ACL permissions show now, not "
         "in a run); warn on an evicting maxmemory-policy (fail with --strict) and when AOF "
-        "persistence is off. Exit 0 when nothing failed, 3 when Redis is unreachable, else 1.",
+        "persistence is off. Exit 0 when nothing failed, 69 when Redis is unreachable, else 1.",
     )
     add_flags(p, ("CONNECT_TIMEOUT", "LEASE_TTL"))
     p.add_argument(
@@ -97,7 +97,7 @@ def add_commands(sub: Any, add_flags: AddFlags) -> None:
         "unlock",
         help="remove a task's lease (admin escape hatch; needs --force)",
         description="Remove TASK's lease so that another run can start. The holder, if still "
-        "running, finds its lease gone at its next renewal, stops its task and exits 4. "
+        "running, finds its lease gone at its next renewal, stops its task and exits 75. "
         "Refused without --force. With --holder, the lease is removed only if that holder "
         "(a holder id as `status` shows it, or a whole token) holds it, checked inside Redis. "
         "Logged, and recorded in the task's history.",
@@ -155,7 +155,7 @@ def add_commands(sub: Any, add_flags: AddFlags) -> None:
 
 @contextmanager
 def _connected(settings: Settings, what: str) -> Iterator[Any]:
-    """A client that has answered a PING within the connect deadline (exit 3 if not)."""
+    """A client that has answered a PING within the connect deadline (exit 69 if not)."""
     from redis.exceptions import ConnectionError as RedisConnectionError  # noqa: PLC0415
     from redis.exceptions import NoPermissionError, TimeoutError  # noqa: PLC0415
 
@@ -258,7 +258,7 @@ def cmd_unlock(args: argparse.Namespace, settings: Settings) -> int:
         args,
         "unlock",
         "Removing a lease lets another run start while its holder may still be running (it "
-        "stops at its next renewal, exit 4); --holder H removes it only from H.",
+        "stops at its next renewal, exit 75); --holder H removes it only from H.",
     )
     lease = settings.lease
     keys = TaskKeys(lease.prefix, lease.scope, args.task)

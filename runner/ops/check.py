@@ -24,7 +24,7 @@ from runner.settings import Settings
 
 OK, WARN, FAIL = "ok", "warn", "FAIL"
 PING_SAMPLES = 5
-UNREACHABLE = 3
+UNREACHABLE = StoreUnavailable.exit_code
 
 _COMMAND_RE = re.compile(r"run the '([^']+)' command")
 
@@ -72,7 +72,7 @@ class Check:
         return 1 if self.failed else 0
 
     def reachable(self, client: Any) -> int | None:
-        """None when Redis answers; else the exit code (3 unreachable, 1 refused)."""
+        """None when Redis answers; else the exit code (69 unreachable, 1 refused)."""
         where = self.settings.redis.display_target
         deadline = clock.monotonic() + self.settings.redis.connect_timeout_s
         try:

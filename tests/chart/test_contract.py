@@ -247,8 +247,8 @@ def test_a_pod_with_the_wrong_password_never_runs_the_task(
     cronjob = rendered_cronjob(chart, acl_redis.server.port, effects)
     wrong = {PASSWORD_SECRET[0]: {PASSWORD_SECRET[1]: "not-the-password"}}
     (result,) = run_pods(job_pods(cronjob, latest_job(cronjob), wrong)[:1])
-    # Refused credentials are a configuration error: exit 2, which the podFailurePolicy
+    # Refused credentials are a configuration error: exit 78, which the podFailurePolicy
     # turns into a failed Job at once, and the command never ran.
-    assert result.returncode == 2, result.stderr
+    assert result.returncode == 78, result.stderr
     assert ran_by(effects) == []
     assert "not-the-password" not in result.stderr + result.stdout

@@ -89,7 +89,7 @@ def test_defaults_forbid_overlap_and_fail_fast_on_config_errors(chart: Chart) ->
                 "onExitCodes": {
                     "containerName": container(cj)["name"],
                     "operator": "In",
-                    "values": [2],
+                    "values": [64, 78, 126, 127],
                 },
             },
             {

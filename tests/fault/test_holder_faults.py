@@ -157,7 +157,7 @@ def _freeze_and_take_over(
     _, b_err = b.communicate(timeout=30)
     assert_clean(a_err)
     assert_clean(b_err)
-    assert (a.returncode, outcome(a_err)) == (4, "lease_lost"), a_err
+    assert (a.returncode, outcome(a_err)) == (75, "lease_lost"), a_err
     assert (b.returncode, outcome(b_err)) == (0, "ran"), b_err
     assert not _alive(child)
     a_ticks, b_ticks = read_ticks(ticks, "a"), read_ticks(ticks, "b")

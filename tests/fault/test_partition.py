@@ -68,7 +68,7 @@ def test_row6a_blackhole_keeper_declares_loss_by_its_deadline_and_kills_before_t
                                 direct)  # fmt: skip
     _, a_err = a.communicate(timeout=30)
     assert_clean(a_err)
-    assert (a.returncode, outcome(a_err)) == (4, "lease_lost"), a_err
+    assert (a.returncode, outcome(a_err)) == (75, "lease_lost"), a_err
     assert "no renewal confirmed before the local deadline" in a_err
     a_ticks, b_ticks = read_ticks(ticks, "a"), read_ticks(ticks, "b")
     a_last = max(t.t for t in a_ticks)

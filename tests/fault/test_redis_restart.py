@@ -97,7 +97,7 @@ def test_row3b_redis_restarted_without_persistence_holder_detects_the_loss(
         _, b_err = b.communicate(timeout=30)
     assert_clean(a_err)
     assert_clean(b_err)
-    assert (a.returncode, outcome(a_err)) == (4, "lease_lost"), a_err
+    assert (a.returncode, outcome(a_err)) == (75, "lease_lost"), a_err
     # Refused at the next renewal: the lease is free, or already B's.
     assert "renew refused: not the lease owner" in event(a_err, "lease_lost")["msg"]
     assert (b.returncode, outcome(b_err)) == (0, "ran"), b_err

@@ -98,7 +98,7 @@ def test_row4b_failover_without_replica_acks_loses_the_lease_and_shows_the_windo
         refused = run(_exec("window", "pod-r", ticker_command(ticks, "r")),
                       {**env, "CRON_RUNNER_REDIS_MIN_REPLICAS": "1"})  # fmt: skip
         assert_clean(refused.stderr)
-        assert refused.returncode == 3, refused.stderr
+        assert refused.returncode == 69, refused.stderr
         assert "only 0 of 1 replicas acknowledged" in refused.stderr
         assert not read_ticks(ticks, "r")
 
@@ -112,7 +112,7 @@ def test_row4b_failover_without_replica_acks_loses_the_lease_and_shows_the_windo
         _, b_err = b.communicate(timeout=30)
     assert_clean(a_err)
     assert_clean(b_err)
-    assert (a.returncode, outcome(a_err)) == (4, "lease_lost"), a_err
+    assert (a.returncode, outcome(a_err)) == (75, "lease_lost"), a_err
     assert "renew refused: not the lease owner (lease is held by pod-b)" in a_err
     assert (b.returncode, outcome(b_err)) == (0, "ran"), b_err
     fences = (event(a_err, "acquired")["fence"], event(b_err, "acquired")["fence"])
@@ -137,7 +137,7 @@ def test_row4c_after_a_failover_min_replicas_refuses_runs_until_a_replica_is_bac
     tmp_path: Path, figure: Figure
 ) -> None:
     """With one replica and MIN_REPLICAS=1, the new primary has no replica until Sentinel has
-    demoted the old one and it has resynced: until then every run is refused (exit 3, task not
+    demoted the old one and it has resynced: until then every run is refused (exit 69, task not
     run) and retried, as a Job retries. Then runs go on, the fence still going up."""
     with SentinelTopology() as topology:
         env = _env(topology, CRON_RUNNER_REDIS_MIN_REPLICAS="1")
@@ -147,8 +147,8 @@ def test_row4c_after_a_failover_min_replicas_refuses_runs_until_a_replica_is_bac
         second, refusals = run_until_ran(_exec("follow", "pod-b", ["true"]), env, timeout_s=60)
         refused_s = round(time.monotonic() - switched_at, 1)
         fences = [event(x.stderr, "acquired")["fence"] for x in (first, second)]
-    assert set(refusals) <= {"exit 3"}, refusals
+    assert set(refusals) <= {"exit 69"}, refusals
     assert fences[1] > fences[0]
     figure("4c", duplicates=0, overlap_ms=0, runs_refused=len(refusals),
            refused_for_s=refused_s, fences=fences,
-           exit_codes={"refused": 3, "after": second.returncode})  # fmt: skip
+           exit_codes={"refused": 69, "after": second.returncode})  # fmt: skip

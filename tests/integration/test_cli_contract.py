@@ -49,8 +49,8 @@ def test_password_never_appears_in_logs_or_errors(tmp_path: Path) -> None:
             runner_env(f"http://u:{secret}@127.0.0.1:{server.port}/0"),
         )
     assert (by_env.returncode, by_url.returncode) == (0, 0), by_env.stderr + by_url.stderr
-    assert wrong.returncode == 2
-    assert bad_url.returncode == 2
+    assert wrong.returncode == 78
+    assert bad_url.returncode == 78
     for res in (by_env, by_url, wrong, bad_url):
         assert secret not in res.stderr + res.stdout
     help_text = run(["exec", "--help"], runner_env(base, CRON_RUNNER_REDIS_PASSWORD=secret)).stdout
@@ -89,7 +89,7 @@ def test_every_run_line_carries_every_run_field(redis_server: RedisServer) -> No
     wait_for(lambda: client.get(lease), what="the lease")
     client.delete(lease)  # the next renewal is refused: the keeper declares the loss
     _, stderr = proc.communicate(timeout=30)
-    assert proc.returncode == 4, stderr
+    assert proc.returncode == 75, stderr
     lines = events(stderr)
     assert {e["event"] for e in lines} >= {"start", "acquired", "lease_lost", "finished"}
     for line in lines:
@@ -98,4 +98,4 @@ def test_every_run_line_carries_every_run_field(redis_server: RedisServer) -> No
     (lost,) = [e for e in lines if e["event"] == "lease_lost"]
     assert lost["logger"] == "runner.keeper"
     assert lost["fence"] == 1
-    assert lines[-1]["outcome"] == "lease_lost" and lines[-1]["exit_code"] == 4
+    assert lines[-1]["outcome"] == "lease_lost" and lines[-1]["exit_code"] == 75

@@ -100,17 +100,18 @@ def test_exec_output_is_passed_through(redis_server: RedisServer) -> None:
         (["run", "ok"], {"CRON_RUNNER_LEASE_TTL": "thirty"}, "CRON_RUNNER_LEASE_TTL"),
         (["run", "ok", "--lease-ttl", "10x"], {}, "--lease-ttl"),
         (["run", "ok"], {"CRON_RUNNER_LEASE_TTL": "100ms"}, "at least 1s"),
-        (["exec", "--name", "x"], {}, "no command given"),
+        (["exec", "--name", "x"], {}, "no command given"),  # usage: 64
         (["exec", "--name", "bad{name}", "--", "true"], {}, "--name"),
-        (["frobnicate"], {}, "invalid choice"),
+        (["frobnicate"], {}, "invalid choice"),  # usage: 64
     ],
 )
-def test_config_errors_exit_2(
+def test_config_and_usage_errors_exit_78_or_64(
     redis_server: RedisServer, effects: Path, args: list[str], extra_env: dict[str, str], named: str
 ) -> None:
     env = runner_env(redis_server.url, SIDE_EFFECTS=str(effects), **extra_env)
     res = run(args, env)
-    assert res.returncode == 2, res.stderr
+    usage = named in ("no command given", "invalid choice")
+    assert res.returncode == (64 if usage else 78), res.stderr
     assert named in res.stderr
     assert "Traceback" not in res.stderr
     assert side_effects(effects) == []
@@ -125,7 +126,7 @@ def test_unreachable_exit_3_within_deadline_and_never_runs(effects: Path) -> Non
     started = time.monotonic()
     res = run(["exec", "--name", "x", "--", "sh", "-c", f"echo ran >> {effects}"], env)
     elapsed = time.monotonic() - started
-    assert res.returncode == 3, res.stderr
+    assert res.returncode == 69, res.stderr
     assert outcome(res.stderr) == "unavailable"
     assert not effects.exists()
     # The deadline is kept: 1.5 s plus one bounded connect attempt, plus process start.
@@ -151,7 +152,7 @@ def test_every_minute_schedule_runs_with_default_tolerance(redis_server: RedisSe
     env = runner_env(redis_server.url, CRON_RUNNER_SCHEDULE="* * * * *")
     assert run(["exec", "--name", "minutely", "--", "true"], env).returncode == 0
     explicit = run(["exec", "--name", "minutely", "--skew-tolerance", "30s", "--", "true"], env)
-    assert explicit.returncode == 2
+    assert explicit.returncode == 78
     assert "--skew-tolerance" in explicit.stderr
 
 

@@ -136,5 +136,5 @@ def test_two_names_for_one_registered_task_keep_their_own_slots(
     assert outcomes == {"daily-report": ["ran", "skipped_done"], "weekly-report": ["ran"]}
     assert len(side_effects(effects)) == 2
     bad = run(["run", "ok", "--name", "bad{name}"], runner_env(redis_server.url))
-    assert bad.returncode == 2
+    assert bad.returncode == 78
     assert "--name" in bad.stderr

@@ -127,7 +127,7 @@ def test_stale_holder_is_refused_everything_and_changes_nothing(
     for refused, operation in ((renew, "renew"), (complete, "complete"), (release, "release")):
         assert refused.value.operation == operation
         assert refused.value.current_holder == "pod-current"
-        assert refused.value.exit_code == 4
+        assert refused.value.exit_code == 75
 
     values_after, ttls_after = dump_keys(redis_server.port)
     assert values_after == values_before

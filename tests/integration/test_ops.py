@@ -128,7 +128,7 @@ def test_history_of_lease_lost_and_terminated_runs(
     wait_for(lambda: side_effects(effects, "start"), what="first task start")
     r.set(LEASE % "slow", "thief:0000", px=2_000)
     lost.communicate(timeout=30)
-    assert lost.returncode == 4
+    assert lost.returncode == 75
 
     wait_for(lambda: r.get(LEASE % "slow") is None, what="the thief's lease to expire")
     effects.unlink()
@@ -141,7 +141,7 @@ def test_history_of_lease_lost_and_terminated_runs(
     runs = _json(["history", "slow"], env)["runs"]
     assert [(x["holder"], x["outcome"], x["exit_code"]) for x in runs] == [
         ("pod-term", "terminated", 143),
-        ("pod-lost", "lease_lost", 4),
+        ("pod-lost", "lease_lost", 75),
     ]
     assert [x["fencing_token"] for x in runs] == [2, 1]
     status = _json(["status", "slow"], env)["tasks"][0]
@@ -183,7 +183,7 @@ def test_unlock_is_refused_without_force_and_logged(
     wait_for(lambda: side_effects(effects, "start"), what="task start")
 
     refused = run(["unlock", "slow"], env)
-    assert refused.returncode == 2
+    assert refused.returncode == 78
     assert "--force" in refused.stderr
     assert r.get(LEASE % "slow") is not None
 
@@ -204,7 +204,7 @@ def test_unlock_is_refused_without_force_and_logged(
     assert r.get(LEASE % "slow") is None
     # The holder finds its lease gone at its next renewal and stops its task.
     _, stderr = proc.communicate(timeout=60)
-    assert proc.returncode == 4, stderr
+    assert proc.returncode == 75, stderr
 
     runs = _json(["history", "slow"], env)["runs"]
     assert [(x["outcome"], x["holder"], x["unlocked"]) for x in runs] == [
@@ -243,7 +243,7 @@ def test_ops_commands_exit_3_when_redis_is_unreachable() -> None:
     started = time.monotonic()
     for args in (["status"], ["history", "x"], ["unlock", "x", "--force"], ["watchdog"]):
         res = run(args, env)
-        assert res.returncode == 3, (args, res.stderr)
+        assert res.returncode == 69, (args, res.stderr)
         assert "unreachable" in res.stderr
     assert time.monotonic() - started < 60
 
@@ -258,7 +258,9 @@ def test_ops_commands_exit_3_when_redis_is_unreachable() -> None:
         (["status", "--output", "yaml"], "invalid choice"),
     ],
 )
-def test_ops_usage_errors_exit_2(redis_server: RedisServer, args: list[str], named: str) -> None:
+def test_ops_bad_values_exit_78_and_usage_errors_64(
+    redis_server: RedisServer, args: list[str], named: str
+) -> None:
     res = run(args, runner_env(redis_server.url))
-    assert res.returncode == 2, res.stderr
+    assert res.returncode == (64 if named == "invalid choice" else 78), res.stderr
     assert named in res.stderr

@@ -114,7 +114,7 @@ def test_acl_user_that_may_not_read_info_gets_warnings(
 def test_unreachable_exits_3() -> None:
     env = runner_env(f"redis://127.0.0.1:{free_port()}/0", CRON_RUNNER_CONNECT_TIMEOUT="300ms")
     res = run(["check"], env)
-    assert res.returncode == 3
+    assert res.returncode == 69
     assert _levels(res.stdout) == ["ok", "FAIL"]
     assert "unreachable" in res.stdout
 

@@ -110,7 +110,7 @@ def test_tls_refusals_exit_2_at_once_and_never_run(
             env[name] = tls.other_ca_cert if value == "other" else value
     started = time.monotonic()
     res = run(["exec", "--name", "tls", "--", *_effect(effects)], env)
-    assert res.returncode == 2, res.stderr
+    assert res.returncode == 78, res.stderr
     assert refusal in res.stderr
     assert "CRON_RUNNER_REDIS_TLS_CA_FILE" in res.stderr
     assert "Traceback" not in res.stderr
@@ -236,7 +236,7 @@ def test_acl_refusal_is_a_configuration_error_naming_it(
         ["exec", "--name", "acl", "--", *_effect(effects)], {**env, "CRON_RUNNER_KEY_PREFIX": "x"}
     )
     for res in (inside, other_prefix):
-        assert res.returncode == 2, res.stderr
+        assert res.returncode == 78, res.stderr
         assert "ACL user lacks" in res.stderr
         assert "Traceback" not in res.stderr
     assert not effects.exists()
@@ -246,14 +246,14 @@ def test_a_database_other_than_0_needs_select_added(
     redis_server: RedisServer, r: redis.Redis, tmp_path: Path
 ) -> None:
     """The table of additions says `+select` for `/1`: without it the run is refused with
-    exit 2 naming SELECT; with it the run succeeds."""
+    exit 78 naming SELECT; with it the run succeeds."""
     effects = tmp_path / "effects"
     url = redis_server.url.rsplit("/", 1)[0] + "/1"
     env = runner_env(url, CRON_RUNNER_REDIS_USERNAME="cron-runner",
                      CRON_RUNNER_REDIS_PASSWORD="s3cret")  # fmt: skip
     _acl_user(r, ACL_RULE)
     refused = run(["exec", "--name", "db1", "--", *_effect(effects)], env)
-    assert refused.returncode == 2, refused.stderr
+    assert refused.returncode == 78, refused.stderr
     assert "'select'" in refused.stderr
     assert not effects.exists()
     _acl_user(r, f"{ACL_RULE} {ACL_DB}")
@@ -336,7 +336,7 @@ def test_min_replicas_unmet_releases_and_exits_3_without_running(
     env = runner_env(primary.url, CRON_RUNNER_REDIS_MIN_REPLICAS=str(replicas + 1),
                      CRON_RUNNER_LEASE_TTL="1500ms")  # fmt: skip
     res = run(["exec", "--name", "unacked", "--", *_effect(effects)], env)
-    assert res.returncode == 3, res.stderr
+    assert res.returncode == 69, res.stderr
     assert f"only {replicas} of {replicas + 1} replicas acknowledged" in res.stderr
     assert "Traceback" not in res.stderr
     assert not effects.exists()
@@ -383,21 +383,21 @@ def test_sentinel_runs_on_the_primary_it_names(sentinel: SentinelTopology, tmp_p
 @pytest.mark.parametrize(
     ("change", "code", "named"),
     [
-        ({"CRON_RUNNER_REDIS_SENTINEL_MASTER": "nosuchmaster"}, 3, "'nosuchmaster' via sentinels"),
+        ({"CRON_RUNNER_REDIS_SENTINEL_MASTER": "nosuchmaster"}, 69, "'nosuchmaster' via sentinels"),
         # No retry fixes a wrong password: a configuration error, as for the primary's.
         (
             {"CRON_RUNNER_REDIS_SENTINEL_PASSWORD": "wrong"},
-            2,
+            78,
             "CRON_RUNNER_REDIS_SENTINEL_PASSWORD",
         ),
         # Sentinels that want a password and get none refuse the same way.
-        ({"CRON_RUNNER_REDIS_SENTINEL_PASSWORD": ""}, 2, "CRON_RUNNER_REDIS_SENTINEL_PASSWORD"),
+        ({"CRON_RUNNER_REDIS_SENTINEL_PASSWORD": ""}, 78, "CRON_RUNNER_REDIS_SENTINEL_PASSWORD"),
         (
             {"CRON_RUNNER_REDIS_SENTINELS": "127.0.0.1:1"},
-            3,
+            69,
             "via sentinels 127.0.0.1:1 unreachable",
         ),
-        ({"CRON_RUNNER_REDIS_SENTINELS": "127.0.0.1:notaport"}, 2, "CRON_RUNNER_REDIS_SENTINELS"),
+        ({"CRON_RUNNER_REDIS_SENTINELS": "127.0.0.1:notaport"}, 78, "CRON_RUNNER_REDIS_SENTINELS"),
     ],
 )
 def test_sentinel_misconfigured_never_runs(
@@ -432,8 +432,8 @@ def test_sentinel_over_tls_reaches_sentinels_and_primary_over_tls(
                         "CRON_RUNNER_CONNECT_TIMEOUT": "500ms"})  # fmt: skip
     assert (ran.returncode, outcome(ran.stderr)) == (0, "ran"), ran.stderr
     assert len(side_effects(effects)) == 1
-    # The sentinels' certificates do not verify: no retry fixes that, so exit 2 at once.
-    assert wrong_ca.returncode == 2, wrong_ca.stderr
+    # The sentinels' certificates do not verify: no retry fixes that, so exit 78 at once.
+    assert wrong_ca.returncode == 78, wrong_ca.stderr
     assert "CRON_RUNNER_REDIS_TLS_CA_FILE" in wrong_ca.stderr
     assert "Traceback" not in wrong_ca.stderr
 
@@ -472,20 +472,20 @@ def test_cluster_min_replicas_asks_the_node_holding_the_lease(
     env = runner_env(cluster.url, CRON_RUNNER_REDIS_CLUSTER="true",
                      CRON_RUNNER_REDIS_MIN_REPLICAS="1", CRON_RUNNER_LEASE_TTL="1500ms")  # fmt: skip
     res = run(["exec", "--name", "wait-cluster", "--", *_effect(effects)], env)
-    assert res.returncode == 3, res.stderr
+    assert res.returncode == 69, res.stderr
     assert "only 0 of 1 replicas acknowledged" in res.stderr
     assert not effects.exists()
     assert cluster.owner_of(LEASE % "wait-cluster").client().get(LEASE % "wait-cluster") is None
 
 
-@pytest.mark.parametrize(("url_suffix", "code"), [("/1", 2), ("", 0)])
+@pytest.mark.parametrize(("url_suffix", "code"), [("/1", 78), ("", 0)])
 def test_cluster_database_must_be_0(cluster: ClusterTopology, url_suffix: str, code: int) -> None:
     url = cluster.url.rsplit("/", 1)[0] + url_suffix
     res = run(["exec", "--name", "db", "--", "true"],
               runner_env(url, CRON_RUNNER_REDIS_CLUSTER="true"))  # fmt: skip
     assert res.returncode == code, res.stderr
     assert "Traceback" not in res.stderr
-    if code == 2:
+    if code == 78:
         assert "database 0" in res.stderr
 
 
@@ -495,14 +495,14 @@ def test_cluster_unreachable_exits_3(tmp_path: Path) -> None:
     res = run(["exec", "--name", "x", "--", "true"],
               runner_env(url, CRON_RUNNER_REDIS_CLUSTER="true",
                          CRON_RUNNER_CONNECT_TIMEOUT="500ms"))  # fmt: skip
-    assert res.returncode == 3, res.stderr
+    assert res.returncode == 69, res.stderr
     assert "Traceback" not in res.stderr
-    assert [e.get("exit_code") for e in events(res.stderr) if e.get("event") == "error"] == [3]
+    assert [e.get("exit_code") for e in events(res.stderr) if e.get("event") == "error"] == [69]
 
 
 def test_cluster_node_of_the_task_away_ends_the_run_in_its_connect_phase(tmp_path: Path) -> None:
     """The slot table comes from a node that answers; the node that holds the task's keys does
-    not. The connect phase retries it (reading the table again) until the deadline: exit 3."""
+    not. The connect phase retries it (reading the table again) until the deadline: exit 69."""
     effects = tmp_path / "effects"
     with ClusterTopology() as away:
         node = away.nodes[1]
@@ -511,7 +511,7 @@ def test_cluster_node_of_the_task_away_ends_the_run_in_its_connect_phase(tmp_pat
         res = run(["exec", "--name", name, "--", *_effect(effects)],
                   runner_env(away.url, CRON_RUNNER_REDIS_CLUSTER="true",
                              CRON_RUNNER_CONNECT_TIMEOUT="1s"))  # fmt: skip
-    assert (res.returncode, outcome(res.stderr)) == (3, "unavailable"), res.stderr
+    assert (res.returncode, outcome(res.stderr)) == (69, "unavailable"), res.stderr
     finished = next(e for e in events(res.stderr) if e.get("event") == "finished")
     assert "(connect: " in finished["msg"]
     assert f":{node.port}" in finished["msg"]
@@ -561,4 +561,4 @@ def test_cluster_acl_rule_on_every_node(cluster: ClusterTopology, dropped: str) 
         assert codes == [0, 0, 0]
         assert not asked_ok
     else:
-        assert set(codes) == {2}, codes
+        assert set(codes) == {78}, codes

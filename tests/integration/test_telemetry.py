@@ -152,10 +152,10 @@ def test_lease_lost_counts_renewals_and_the_failed_one(
     wait_for(lambda: len(side_effects(effects, "step")) > 25, what="a renewal's worth of steps")
     r.set(LEASE % "slow", "thief:0000", px=60_000)
     _, stderr = proc.communicate(timeout=30)
-    assert proc.returncode == 4, stderr
+    assert proc.returncode == 75, stderr
     root = _by_name(receiver.spans())["run slow"]
     assert root.attributes["cron_runner.outcome"] == "lease_lost"
-    assert root.attributes["cron_runner.exit_code"] == 4
+    assert root.attributes["cron_runner.exit_code"] == 75
     renewed = next(p for p in receiver.points() if p.metric == "cron_runner.lease.renewals")
     failed = next(p for p in receiver.points() if p.metric == "cron_runner.lease.renewals.failed")
     assert renewed.value >= 1
@@ -184,7 +184,7 @@ def test_redis_unreachable_is_an_unavailable_run(receiver: OtlpReceiver) -> None
         f"redis://127.0.0.1:{free_port()}/0", receiver.endpoint, CRON_RUNNER_CONNECT_TIMEOUT="300ms"
     )
     res = run(["exec", "--name", "nowhere", "--", "true"], env)
-    assert res.returncode == 3
+    assert res.returncode == 69
     spans = _by_name(receiver.spans())
     # Redis never answered: the run ended in its connect phase and tried no acquire.
     assert set(spans) == {"run nowhere", "connect"}
@@ -201,17 +201,17 @@ def test_redis_unreachable_is_an_unavailable_run(receiver: OtlpReceiver) -> None
 def test_refused_credentials_end_the_run_in_its_connect_phase(receiver: OtlpReceiver) -> None:
     with RedisServer(extra_args=["--requirepass", "right"]) as server:
         unknown = run(["run", "no-such-task"], _env(server.url, receiver.endpoint))
-        assert unknown.returncode == 2
+        assert unknown.returncode == 78
         assert receiver.spans() == []  # refused before the run: nothing to trace
 
         wrong = _env(server.url, receiver.endpoint, CRON_RUNNER_REDIS_PASSWORD="wrong")
         res = run(["exec", "--name", "refused", "--", "true"], wrong)
-    assert res.returncode == 2, res.stderr
+    assert res.returncode == 78, res.stderr
     spans = _by_name(receiver.spans())
     assert set(spans) == {"run refused", "connect"}
     assert spans["connect"].parent_span_id == spans["run refused"].span_id
     assert spans["connect"].status_code == 2
-    assert spans["run refused"].attributes["cron_runner.exit_code"] == 2
+    assert spans["run refused"].attributes["cron_runner.exit_code"] == 78
 
 
 @pytest.mark.parametrize("collector", ["hung", "refusing"])

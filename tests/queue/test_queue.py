@@ -119,13 +119,13 @@ def test_ten_enqueue_replicas_send_one_message_and_a_retried_job_none(
 def test_enqueue_mode_refuses_a_command_and_cluster(redis_server: RedisServer) -> None:
     env = queue_env(redis_server, CRON_RUNNER_MODE="enqueue")
     done = cli(env, "exec", "--name", "x", "--", "true")
-    assert done.returncode == 2
+    assert done.returncode == 78
     assert "needs a registered task" in done.stderr
     done = cli({**env, "CRON_RUNNER_REDIS_CLUSTER": "true"}, "worker")
-    assert done.returncode == 2
+    assert done.returncode == 78
     assert "does not support Redis Cluster" in done.stderr
     done = cli(env, "run", "tests.queue.queue_tasks:ok")
-    assert done.returncode == 2
+    assert done.returncode == 78
     assert "needs a registered task, not the reference 'tests.queue.queue_tasks:ok'" in done.stderr
 
 
@@ -194,7 +194,7 @@ def test_always_failing_job_lands_in_the_dlq_and_dlq_retry_runs_it(
     assert "Traceback" in shown.stdout
 
     refused = cli(env, "dlq", "retry", "q-doomed")
-    assert refused.returncode == 2
+    assert refused.returncode == 78
     assert "--all" in refused.stderr
 
     r.set("test:doomed:fixed", "1")
@@ -222,7 +222,7 @@ def test_dlq_purge(redis_server: RedisServer, r: redis.Redis, workers: list[Work
     assert cli(env, "dlq", "purge", "q-doomed", "--all").returncode == 0
     assert stats(r, "q-doomed").dead == 0
     missing = cli(env, "dlq", "show", "q-doomed", first)
-    assert missing.returncode == 2
+    assert missing.returncode == 78
     assert "no dead letter" in missing.stderr
 
 
@@ -274,7 +274,7 @@ def test_the_cronjobs_queue_settings_are_checked_before_the_lease(
         ({"CRON_RUNNER_RETRIES_MIN_BACKOFF": "1m"}, "minimum retry backoff (60s) is above"),
     ]:
         done = cli({**env, **extra}, "run", "q-flaky")
-        assert (done.returncode, "Traceback" in done.stderr) == (2, False), done.stderr
+        assert (done.returncode, "Traceback" in done.stderr) == (78, False), done.stderr
         assert says in done.stderr
         assert not events(done.stderr) or outcome(done.stderr) is None
 
@@ -390,7 +390,7 @@ def test_a_message_over_the_size_limit_is_refused_with_a_clear_error(
     assert stats(r, "q-ok").ready == 1
 
     bad = cli(queue_env(redis_server, CRON_RUNNER_MAX_MESSAGE_SIZE="lots"), "dlq", "list", "q-ok")
-    assert bad.returncode == 2
+    assert bad.returncode == 78
     assert "CRON_RUNNER_MAX_MESSAGE_SIZE='lots' is not a size" in bad.stderr
 
 
@@ -521,13 +521,13 @@ def test_worker_exit_codes_name_the_fault_with_any_number_of_processes(processes
     nobody = runner_env(f"redis://127.0.0.1:{free_port()}/0", CRON_RUNNER_CONNECT_TIMEOUT="500ms",
                         CRON_RUNNER_TASK_MODULES=TASK_MODULES)  # fmt: skip
     down = cli(nobody, "worker", "--processes", processes)
-    assert (down.returncode, "Traceback" in down.stderr) == (3, False), down.stderr
+    assert (down.returncode, "Traceback" in down.stderr) == (69, False), down.stderr
     assert "unreachable" in down.stderr
 
     with RedisServer(extra_args=["--requirepass", "s3cret"]) as locked:
         wrong = cli(queue_env(locked, CRON_RUNNER_REDIS_PASSWORD="wrong"),
                     "worker", "--processes", processes)  # fmt: skip
-    assert (wrong.returncode, "Traceback" in wrong.stderr) == (2, False), wrong.stderr
+    assert (wrong.returncode, "Traceback" in wrong.stderr) == (78, False), wrong.stderr
     assert "refused the credentials" in wrong.stderr
 
 
@@ -550,17 +550,17 @@ def test_a_run_mode_task_whose_name_cannot_be_a_queue_leaves_the_workers_running
 
     # It cannot be enqueued either, so nothing for it can wait on a queue.
     refused = cli({**env, "CRON_RUNNER_MODE": "enqueue"}, "run", "1-backup")
-    assert refused.returncode == 2
+    assert refused.returncode == 78
     assert "cannot be a queue name" in refused.stderr
     # A worker with nothing it can serve is a configuration error.
     alone = cli({**env, "CRON_RUNNER_TASK_MODULES": "tests.queue.run_mode_tasks"}, "worker")
-    assert (alone.returncode, "Traceback" in alone.stderr) == (2, False), alone.stderr
+    assert (alone.returncode, "Traceback" in alone.stderr) == (78, False), alone.stderr
     assert "no registered task can run from a queue (1-backup" in alone.stderr
 
 
 def test_a_worker_without_tasks_is_a_configuration_error(redis_server: RedisServer) -> None:
     done = cli({**queue_env(redis_server), "CRON_RUNNER_TASK_MODULES": ""}, "worker")
-    assert done.returncode == 2
+    assert done.returncode == 78
     assert "no tasks registered" in done.stderr
 
 

@@ -140,12 +140,12 @@ def test_tls_with_client_certificate_enqueue_and_worker(
     try:
         enqueue_then_work(env, primary, effects)
         # The server takes TLS clients with a certificate only: the same worker without
-        # one is refused at start (exit 2), so the run above did use the runner's client.
+        # one is refused at start (exit 78), so the run above did use the runner's client.
         refused = cli(
             {**env, "CRON_RUNNER_REDIS_TLS_CERT_FILE": "", "CRON_RUNNER_REDIS_TLS_KEY_FILE": ""},
             "worker",
         )
-        assert refused.returncode == 2, refused.stderr[-3000:]
+        assert refused.returncode == 78, refused.stderr[-3000:]
         assert "CERTIFICATE_REQUIRED" in refused.stderr
     finally:
         primary.close()

@@ -173,5 +173,5 @@ def test_message_size_limit_counts_the_encoded_message() -> None:
     with pytest.raises(MessageTooLarge) as info:
         build_message("report", "report", slot=1, fence=1, payload={"blob": "x" * 2000},
                       message_id=None, limit_bytes=1024)  # fmt: skip
-    assert info.value.exit_code == 2
+    assert info.value.exit_code == 78
     assert info.value.limit == 1024 and info.value.size > 2000

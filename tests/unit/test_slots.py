@@ -282,7 +282,7 @@ def test_bad_cron_expression(expr: str, reason: str) -> None:
     assert "expected 5 fields: minute hour day-of-month month day-of-week, e.g. '*/5 * * * *'" in (
         message
     )
-    assert info.value.exit_code == 2
+    assert info.value.exit_code == 78
 
 
 @pytest.mark.parametrize(
@@ -293,7 +293,7 @@ def test_unknown_time_zone(tz: str) -> None:
     with pytest.raises(ConfigError) as info:
         Schedule.parse("*/5 * * * *", tz)
     assert str(info.value) == f"unknown time zone {tz!r}: {TZ_FORM}"
-    assert info.value.exit_code == 2
+    assert info.value.exit_code == 78
 
 
 @pytest.mark.parametrize(
