@@ -62,14 +62,6 @@ class LeaseNotOwned(LeaseLost):
         super().__init__(f"{operation} refused: not the lease owner (lease is {held_by})")
 
 
-class TaskFailed(CronRunnerError):
-    """The task raised, or the command exited non-zero (its code is passed through)."""
-
-    def __init__(self, message: str, exit_code: int = 1) -> None:
-        super().__init__(message)
-        self.exit_code = exit_code
-
-
 class Terminated(CronRunnerError):
     """SIGTERM or SIGINT stopped the run."""
 

@@ -1,5 +1,5 @@
 """One run: slot -> connect -> acquire -> keeper + task -> complete or release -> record
-(DESIGN.md, Run flow).
+(docs/design.md).
 
 All stopping logic lives here, in ordinary code: the signal handlers only set a flag.
 """

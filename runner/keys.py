@@ -1,4 +1,4 @@
-"""Redis key names of one task. Every key shares the hash tag ``{scope:task}`` (DESIGN.md, Redis keys)."""
+"""Redis key names of one task. Every key shares the hash tag ``{scope:task}`` (docs/design.md)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""What runs leave in Redis, read back: lease, fence, state hash, run stream (DESIGN.md, Redis keys).
+"""What runs leave in Redis, read back: lease, fence, state hash, run stream (docs/design.md).
 
 The state hash is written by ``execution._state`` in the same script as the release or
 completion; the schedule in it is what ``status`` and the watchdog judge a task by. A CronJob

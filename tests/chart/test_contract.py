@@ -1,4 +1,4 @@
-"""The chart and the runner speak one contract (DESIGN.md, Environment contract).
+"""The chart and the runner speak one contract (the environment contract, docs/design.md).
 
 A CronJob rendered by the chart is played the way Kubernetes would play it, without a
 cluster: the CronJob controller names the Job `<cronjob>-<minutes since epoch>` and labels

@@ -1,4 +1,4 @@
-"""Every exit code of DESIGN.md's table, through the CLI as a real subprocess."""
+"""Every exit code of the README's table, through the CLI as a real subprocess."""
 
 from __future__ import annotations
 

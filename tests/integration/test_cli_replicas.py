@@ -1,4 +1,4 @@
-"""Many replicas of one task: exactly one runs it per slot (DESIGN.md, Guarantees 1 and 2)."""
+"""Many replicas of one task: exactly one runs it per slot (the guarantees in the README)."""
 
 from __future__ import annotations
 
