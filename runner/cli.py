@@ -41,6 +41,12 @@ ENVIRONMENT = """environment (flags win over variables):
   CRON_RUNNER_CONNECT_TIMEOUT    keep trying to reach Redis this long, then exit 69 (default 10s)
   CRON_RUNNER_SCHEDULE, _TIMEZONE  cron schedule and IANA zone, for slots
   CRON_RUNNER_SKEW_TOLERANCE     clock-skew tolerance for schedule slots (default 30s)
+  CRON_RUNNER_STARTING_DEADLINE  without a Job name, a run this late after its slot records
+                                 too_late and does not run (default 300s)
+  CRON_RUNNER_HELD_WAIT          a run of the same slot holds the lease: wait this long for it to
+                                 finish, renew or expire (default the TTL + 10s)
+  CRON_RUNNER_REDEFINE           true: replace the task's stored definition (schedule, zone,
+                                 command) with this one, on purpose; otherwise a conflict exits 2
   CRON_RUNNER_SHUTDOWN_GRACE     after SIGTERM, wait this long before killing the task (default 25s)
   CRON_RUNNER_TASK_MODULES       modules to import so their @task functions register
   CRON_RUNNER_HOLDER, _SCOPE     holder id (default host:pid) and key scope (default 'default')
@@ -170,8 +176,8 @@ def cmd_run(args: argparse.Namespace, settings: Settings) -> int:
     if settings.run.mode == "enqueue":
         from runner.queue_cli import enqueue_target  # noqa: PLC0415 - queue mode only
 
-        return _execute(settings, name, enqueue_target(settings, spec))
-    return _execute(settings, name, PythonTarget(spec.fn))
+        return _execute(settings, name, enqueue_target(settings, spec), f"enqueue {spec.name}")
+    return _execute(settings, name, PythonTarget(spec.fn), f"run {spec.name}")
 
 
 def cmd_exec(args: argparse.Namespace, settings: Settings) -> int:
@@ -191,10 +197,20 @@ def cmd_exec(args: argparse.Namespace, settings: Settings) -> int:
             "exec: CRON_RUNNER_MODE=enqueue needs a registered task (cron-runner run TASK): "
             "workers run registered tasks, not commands"
         )
-    return _execute(settings, args.name, CommandTarget(argv))
+    return _execute(settings, args.name, CommandTarget(argv), _command_definition(argv))
 
 
-def _execute(settings: Settings, task_name: str, target: Target) -> int:
+def _command_definition(argv: list[str]) -> str:
+    """The program by name and the whole command line by digest: arguments may hold secrets,
+    and the definition is stored in Redis and shown in errors."""
+    import hashlib  # noqa: PLC0415
+    import json  # noqa: PLC0415
+
+    digest = hashlib.sha256(json.dumps(argv).encode()).hexdigest()[:12]
+    return f"exec {os.path.basename(argv[0])} (command sha256 {digest})"  # noqa: PTH119
+
+
+def _execute(settings: Settings, task_name: str, target: Target, what: str) -> int:
     from runner import store  # noqa: PLC0415
     from runner.execution import Execution, Shutdown  # noqa: PLC0415
 
@@ -202,7 +218,9 @@ def _execute(settings: Settings, task_name: str, target: Target) -> int:
     observer = run_observer(settings, task_name)
     client = store.connect(settings.redis, settings.lease.ttl_s)
     try:
-        result = Execution(settings, client, task_name, target, shutdown, observer=observer).run()
+        result = Execution(
+            settings, client, task_name, target, shutdown, observer=observer, what=what
+        ).run()
     finally:
         client.close()
         observer.close()

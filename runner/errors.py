@@ -40,6 +40,57 @@ class UnknownTask(ConfigError):
     """The task name is not registered."""
 
 
+class ProtocolRefused(ConfigError):
+    """A newer runner marked the task's keys as needing a protocol this runner does not speak."""
+
+    def __init__(self, mine: int, stored: str, stored_min: str, key: str) -> None:
+        self.mine = mine
+        super().__init__(
+            f"protocol refused: this runner speaks protocol {mine}, but a runner of protocol "
+            f"{stored or '?'} marked the task as needing protocol {stored_min} or later "
+            f"({key}): upgrade this runner rather than run beside it"
+        )
+
+
+class DefinitionConflict(ConfigError):
+    """Another runner of the same task name and scope stored a different definition."""
+
+    def __init__(self, mine: str, stored: str, key: str) -> None:
+        self.mine = mine
+        self.stored = stored
+        super().__init__(
+            f"definition conflict: this runner's task is [{mine}], but the task's runners "
+            f"store [{stored}] ({key}); one task with two definitions would run twice. Make "
+            "them agree, or change the definition on purpose with CRON_RUNNER_REDEFINE=true "
+            "for one run"
+        )
+
+
+class FinishIncomplete(ConfigError):
+    """The finish script could not make every write: an ACL refusal, a key of the wrong type."""
+
+    def __init__(
+        self, operation: str, failed: list[str], marked: str, slot: int | None, retention_ms: int
+    ) -> None:
+        self.operation = operation
+        self.failed = failed
+        self.marked = marked
+        if marked == "marked" or slot is None:
+            kept = "the slot is marked done" if slot is not None else "no slot to mark"
+        elif marked == "kept":
+            kept = (
+                f"the slot marker could not be written, so the lease is kept for "
+                f"{retention_ms // 1000} s instead and the slot does not run again (after the "
+                "fix, `cron-runner unlock` frees it)"
+            )
+        else:
+            kept = "neither the slot marker nor the lease could be written"
+        super().__init__(
+            f"{operation}: {kept}; these writes failed (check the ACL user and the key "
+            f"types): {'; '.join(failed)}"
+        )
+
+
 class StoreUnavailable(CronRunnerError):
     """Redis could not be reached within the connect deadline, or refused to acknowledge."""
 

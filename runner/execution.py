@@ -21,13 +21,15 @@ from runner.errors import (
     EXIT_LEASE_LOST,
     EXIT_TERMINATED,
     ConfigError,
+    FinishIncomplete,
+    LeaseLost,
     LeaseNotOwned,
     StoreUnavailable,
     Terminated,
 )
 from runner.keeper import Keeper
 from runner.keys import TaskKeys
-from runner.lease import Acquired, Held, Lease, SlotDone, new_token
+from runner.lease import Acquired, Finished, Held, Lease, SlotDone, new_token
 from runner.logs import RunLogger, keeper_logger, run_logger
 from runner.settings import Settings
 from runner.store import open_connection, replicas_acknowledged, wait_timeout_ms, with_deadline
@@ -47,6 +49,7 @@ FAILED = "failed"
 LEASE_LOST = "lease_lost"
 TERMINATED = "terminated"
 UNAVAILABLE = "unavailable"
+TOO_LATE = "too_late"  # a server's run that started past the starting deadline of its slot
 
 
 class Shutdown:
@@ -68,6 +71,27 @@ class Shutdown:
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, self._handle)
         return self
+
+
+class HolderAlive(NamedTuple):
+    """A run of the same slot holds the lease and was seen renewing it: it is running."""
+
+    held: Held
+
+
+class HolderUnconfirmed(NamedTuple):
+    """A run of the same slot holds the lease, neither renewed nor gone within the wait."""
+
+    held: Held
+
+
+def definition_of(settings: Settings, what: str) -> str:
+    """The task's definition that every runner of it must share ('' without a schedule: a
+    manual run has no slot to run twice). ``what`` is the mode and the command or task."""
+    schedule = settings.slots.schedule
+    if not schedule or not what:
+        return ""
+    return f"{what}, schedule '{' '.join(schedule.split())}' in {settings.slots.timezone}"
 
 
 class RunResult(NamedTuple):
@@ -160,6 +184,7 @@ class Execution:
         shutdown: Shutdown,
         *,
         observer: RunObserver | None = None,
+        what: str = "",
     ) -> None:
         self.settings = settings
         self.client = client
@@ -172,6 +197,8 @@ class Execution:
             self.keys,
             new_token(settings.lease.holder),
             ttl_ms=settings.lease.ttl_ms,
+            definition=definition_of(settings, what),
+            redefine=settings.lease.redefine,
         )
         self.log: RunLogger = run_logger(task_name, settings.lease.holder)
         self.where = settings.redis.display_target
@@ -188,6 +215,8 @@ class Execution:
         self.started_wall = clock.wall()
         self.started_mono = clock.monotonic()
         self.slot = resolve_slot(self.settings, self.started_wall)
+        # The token names the slot: a runner of the same slot that finds it knows to wait.
+        self.lease.token = new_token(self.settings.lease.holder, self.slot)
         self.observer.started(self.slot)
         try:
             result = self._run()
@@ -224,6 +253,7 @@ class Execution:
         # Connecting and acquiring share the connect deadline: exit 69 comes within it.
         deadline = clock.monotonic() + self.settings.redis.connect_timeout_s
         sent_at = [0.0]
+        got: Acquired | Held | SlotDone | HolderAlive | HolderUnconfirmed | RunResult
 
         def acquire() -> Acquired | Held | SlotDone:
             sent_at[0] = clock.monotonic()
@@ -239,10 +269,17 @@ class Execution:
                     where=self.where,
                     stop=stopping,
                 )
-            with self.observer.phase("acquire"):
-                got = with_deadline(
-                    acquire, deadline_s=deadline, what="acquire", where=self.where, stop=stopping
-                )
+            late_s = self._late_s()
+            if late_s is not None:
+                got = self._too_late(late_s)
+            else:
+                with self.observer.phase("acquire"):
+                    got = with_deadline(
+                        acquire, deadline_s=deadline, what="acquire", where=self.where,
+                        stop=stopping,
+                    )  # fmt: skip
+                    if isinstance(got, Held) and self.slot is not None and got.slot == self.slot:
+                        got = self._wait_for_holder(got, acquire, stopping)
         except StoreUnavailable as exc:
             return self._finish_log(
                 RunResult(UNAVAILABLE, StoreUnavailable.exit_code, reason=str(exc))
@@ -251,7 +288,7 @@ class Execution:
             return self._finish_log(RunResult(TERMINATED, EXIT_TERMINATED, reason=str(exc)))
 
         if not isinstance(got, Acquired):
-            return self._skipped(got)
+            return self._finish_log(got) if isinstance(got, RunResult) else self._skipped(got)
 
         self.fence = got.fence
         self.log.bind(fence=got.fence)
@@ -273,7 +310,70 @@ class Execution:
         ).start()
         return self._finish_log(self._run_task(keeper, got.fence))
 
-    def _skipped(self, got: Held | SlotDone) -> RunResult:
+    # -- a holder of the same slot --------------------------------------------------
+
+    def _wait_for_holder(
+        self, held: Held, acquire: Any, stopping: Any
+    ) -> Acquired | SlotDone | Held | HolderAlive | HolderUnconfirmed:
+        """Wait for a holder of this very slot to finish (skip: done), renew (skip: it runs,
+        and its own Job retries if it dies later) or vanish without a marker (take over).
+
+        Skipping at once would lose the slot when that holder was killed: its lease stays
+        until the TTL, and a retry that finds it would exit 0 with nothing run (issue 11).
+        Each look is the acquire script again, one round trip.
+        """
+        wait_s = self.settings.lease.held_wait
+        until = clock.monotonic() + wait_s
+        poll_s = max(TICK_S, min(1.0, self.settings.lease.ttl_s / 12))
+        self.log.info(
+            f"waiting: a run of this slot holds the lease; waiting up to {wait_s:g}s for it to "
+            "finish, renew or expire (CRON_RUNNER_HELD_WAIT)",
+            extra={"event": "waiting", "run_holder": held.holder, "ttl_ms": held.ttl_ms},
+        )
+        seen = held
+        while True:
+            next_look = clock.monotonic() + poll_s
+            while clock.monotonic() < next_look:
+                if stopping():
+                    raise Terminated("stopped while waiting for the slot's holder")
+                time.sleep(TICK_S)
+            if clock.monotonic() >= until:
+                return HolderUnconfirmed(seen)
+            got: Acquired | Held | SlotDone = with_deadline(
+                acquire,
+                deadline_s=clock.monotonic() + self.settings.redis.connect_timeout_s,
+                what="acquire",
+                where=self.where,
+                stop=stopping,
+            )
+            if not isinstance(got, Held):
+                return got  # taken over (the holder is gone, no marker), or done
+            if got.slot != self.slot:
+                return got  # another slot's run: ours is not running, and cannot now
+            if got.token == seen.token and got.ttl_ms > seen.ttl_ms:
+                return HolderAlive(got)  # renewed since the last look: it is running
+            seen = got  # the same holder running down, or a new holder of this slot
+
+    def _skipped(self, got: Held | SlotDone | HolderAlive | HolderUnconfirmed) -> RunResult:
+        if isinstance(got, HolderUnconfirmed):
+            reason = (
+                f"a run of this slot by {got.held.holder} holds the lease and neither renewed nor "
+                f"released it within {self.settings.lease.held_wait:g}s (CRON_RUNNER_HELD_WAIT): "
+                "not run, and not reported done"
+            )
+            self.log.warning(
+                reason,
+                extra={"event": "skipped", "outcome": SKIPPED_HELD,
+                       "exit_code": LeaseLost.exit_code, "run_holder": got.held.holder},
+            )  # fmt: skip
+            return RunResult(SKIPPED_HELD, LeaseLost.exit_code, reason=reason)
+        if isinstance(got, HolderAlive):
+            self.log.info(
+                "skipped: a run of this slot holds the lease and renews it",
+                extra={"event": "skipped", "outcome": SKIPPED_HELD, "exit_code": 0,
+                       "run_holder": got.held.holder, "ttl_ms": got.held.ttl_ms},
+            )  # fmt: skip
+            return RunResult(SKIPPED_HELD, 0, reason=f"running at {got.held.holder}")
         if isinstance(got, Held):
             self.log.info(
                 "skipped: another holder has the lease",
@@ -292,6 +392,30 @@ class Execution:
                    "run_holder": got.holder, "finished_at": finished},
         )  # fmt: skip
         return RunResult(SKIPPED_DONE, 0, reason=f"slot done by {got.holder} at {finished}")
+
+    # -- a server's run past its slot's starting deadline ------------------------------
+
+    def _late_s(self) -> float | None:
+        """How late past the starting deadline a schedule slot starts, None if in time.
+
+        Only without a Job name: a CronJob pod's lateness is bounded by the controller's own
+        startingDeadlineSeconds. A crontab line whose schedule or zone disagrees with the
+        fleet's, or a timer catching up, computes a slot hours old: it must not run it.
+        """
+        s = self.settings.slots
+        if s.job_name or not s.schedule or self.slot is None:
+            return None
+        late_s = self.started_wall - self.slot
+        return late_s if late_s > s.starting_deadline_s else None
+
+    def _too_late(self, late_s: float) -> RunResult:
+        reason = (
+            f"started {late_s:.0f}s after its slot, past the starting deadline of "
+            f"{self.settings.slots.starting_deadline_s:g}s (CRON_RUNNER_STARTING_DEADLINE): not run"
+        )
+        # Recorded in the run stream only: the state hash is the runs' (no fence was taken).
+        self._safe_record(TOO_LATE, 0, reason, with_state=False)
+        return RunResult(TOO_LATE, 0, reason=reason)
 
     def _wait_replicas(self) -> None:
         wanted = self.settings.redis.min_replicas
@@ -411,20 +535,26 @@ class Execution:
                 )
         except LeaseNotOwned as exc:
             return RunResult(LEASE_LOST, EXIT_LEASE_LOST, reason=str(exc))
+        except FinishIncomplete as exc:
+            # The task ran; what the finish could not write is a configuration to fix.
+            self.log.error(str(exc), extra={"event": "finish_incomplete"})
+            return RunResult(done, exc.exit_code, reason=str(exc))
         self.log.info("released", extra={"event": "released"})
         return RunResult(done, 0)
 
     # -- Redis writes at the end of a run ----------------------------------------
 
-    def _store(self, call: Any) -> None:
+    def _store(self, call: Any) -> Any:
         deadline = clock.monotonic() + self.settings.redis.connect_timeout_s
-        with_deadline(call, deadline_s=deadline, what="finish", where=self.where)
+        return with_deadline(call, deadline_s=deadline, what="finish", where=self.where)
 
     def _release(self, outcome: str, code: int, error: str | None) -> None:
         try:
-            self._store(
-                lambda: self.lease.release(
-                    self._record(outcome, code, error), self._state(outcome, code)
+            self._finished(
+                self._store(
+                    lambda: self.lease.release(
+                        self._record(outcome, code, error), self._state(outcome, code)
+                    )
                 )
             )
             self.log.info("released", extra={"event": "released"})
@@ -436,22 +566,36 @@ class Execution:
                 f"could not release; the lease expires by its TTL: {exc}",
                 extra={"event": "release_failed"},
             )
+        except FinishIncomplete as exc:
+            self.log.error(str(exc), extra={"event": "finish_incomplete"})
 
     def _release_quietly(self, outcome: str, code: int, error: str | None) -> None:
         """After a loss the lease is most likely someone else's: release only if still ours."""
         try:
-            self.lease.release(self._record(outcome, code, error), self._state(outcome, code))
+            self._finished(
+                self.lease.release(self._record(outcome, code, error), self._state(outcome, code))
+            )
             self.log.info("released", extra={"event": "released"})
         except LeaseNotOwned:
             self._safe_record(outcome, code, error)
-        except RedisError as exc:
+        except (RedisError, FinishIncomplete) as exc:
             self.log.warning(f"could not record the run: {exc}", extra={"event": "record_failed"})
 
-    def _safe_record(self, outcome: str, code: int, error: str | None) -> None:
+    def _safe_record(
+        self, outcome: str, code: int, error: str | None, *, with_state: bool = True
+    ) -> None:
+        state = self._state(outcome, code) if with_state else {}
         try:
-            self.lease.record(self._record(outcome, code, error), self._state(outcome, code))
-        except RedisError as exc:
+            self._finished(self.lease.record(self._record(outcome, code, error), state))
+        except (RedisError, FinishIncomplete) as exc:
             self.log.warning(f"could not record the run: {exc}", extra={"event": "record_failed"})
+
+    def _finished(self, finished: Finished) -> None:
+        if finished.stale_state:
+            self.log.warning(
+                "the task's state was left as it is: a newer holder (a higher fence) wrote it",
+                extra={"event": "state_kept"},
+            )
 
     # -- what is written ----------------------------------------------------------
 

@@ -48,6 +48,11 @@ class TaskKeys:
         return f"{self.base}:fence"
 
     @property
+    def meta(self) -> str:
+        """The protocol version and the task's definition (runner.lease, ACQUIRE)."""
+        return f"{self.base}:meta"
+
+    @property
     def runs(self) -> str:
         return f"{self.base}:runs"
 
@@ -59,4 +64,4 @@ class TaskKeys:
         return f"{self.base}:slot:{slot_epoch_s}"
 
     def all_keys(self, slot_epoch_s: int = 0) -> list[str]:
-        return [self.lease, self.fence, self.runs, self.state, self.slot(slot_epoch_s)]
+        return [self.lease, self.fence, self.meta, self.runs, self.state, self.slot(slot_epoch_s)]

@@ -15,15 +15,49 @@ from typing import Any, Protocol
 from redis.exceptions import NoScriptError
 
 from runner import clock
-from runner.errors import LeaseNotOwned
+from runner.errors import (
+    DefinitionConflict,
+    FinishIncomplete,
+    LeaseNotOwned,
+    ProtocolRefused,
+)
 from runner.keys import TaskKeys
 
-# KEYS: lease, fence[, slot marker]   ARGV: token, ttl_ms
+# The protocol this code speaks, and the oldest it shares a Redis with. Version 1 is b170e33
+# and before, which stores no version; 2 keeps every key and field of 1, so they interoperate.
+# A version whose keys or scripts cannot run beside older runners raises PROTOCOL_MIN: the
+# runners that check (2 and later) then refuse to run, naming both (docs/design.md).
+PROTOCOL = 2
+PROTOCOL_MIN = 1
+
+# KEYS: lease, fence, meta[, slot marker]
+# ARGV: token, ttl_ms, protocol, protocol_min, definition ('' for a manual run), redefine ('1')
 # Re-entrant for the same token, so that a retry after a lost reply neither fails nor
-# bumps the fence a second time.
+# bumps the fence a second time. The version and the definition are checked first: a runner
+# refused by either changes nothing but the meta hash of a task that had none.
 ACQUIRE = """
-if #KEYS == 3 then
-  local done = redis.call('HMGET', KEYS[3], 'holder', 'finished_at')
+local meta = redis.call('HMGET', KEYS[3], 'protocol', 'protocol_min', 'definition')
+local mine = tonumber(ARGV[3])
+if mine < tonumber(meta[2] or '1') then
+  return {'protocol', meta[1] or '', meta[2] or ''}
+end
+local definition = ARGV[5]
+if definition ~= '' and meta[3] and meta[3] ~= definition and ARGV[6] ~= '1' then
+  return {'definition', meta[3]}
+end
+local writes = {}
+if not meta[1] or mine > tonumber(meta[1]) then
+  writes = {'protocol', ARGV[3], 'protocol_min', ARGV[4]}
+end
+if definition ~= '' and meta[3] ~= definition then
+  writes[#writes + 1] = 'definition'
+  writes[#writes + 1] = definition
+end
+if #writes > 0 then
+  redis.call('HSET', KEYS[3], unpack(writes))
+end
+if #KEYS == 4 then
+  local done = redis.call('HMGET', KEYS[4], 'holder', 'finished_at')
   if done[1] then
     return {'done', done[1], done[2] or ''}
   end
@@ -37,7 +71,17 @@ if current then
   return {'held', current, redis.call('PTTL', KEYS[1])}
 end
 redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
-return {'acquired', redis.call('INCR', KEYS[2])}
+-- Never below the server's clock in milliseconds: a counter lost with Redis's data (a restart
+-- without persistence, a failover to a lagging replica) starts again above every fence handed
+-- out before, as long as that clock has moved on since.
+local now = redis.call('TIME')
+local floor = tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000)
+local fence = redis.call('INCR', KEYS[2])
+if fence < floor then
+  fence = floor
+  redis.call('SET', KEYS[2], string.format('%d', floor))
+end
+return {'acquired', fence}
 """
 
 # KEYS: lease   ARGV: token, ttl_ms
@@ -51,24 +95,44 @@ return {'not_owner', current or ''}
 """
 
 # KEYS: lease, runs, state[, slot marker]
-# ARGV: token, runs_maxlen, retention_ms, then three field lists, each a count followed
+# ARGV: token, runs_maxlen, retention_ms, fence, then three field lists, each a count followed
 #       by that many name/value pairs: run record, state fields, slot marker fields.
 # With a slot marker key this is "complete"; without, "release". An empty token skips
 # the owner check and the lease: that is "record", for outcomes whose lease is gone.
+#
+# All or nothing where it matters: Redis does not roll a script back, so every write is a
+# pcall and the order decides what a failure leaves. The marker is written first and the
+# lease deleted only once it is safe; if the marker cannot be written, the lease is kept for
+# the marker's retention instead, so the slot that ran is never run again. The state hash is
+# written only by a fence at least as high as the last one there: a stale holder cannot
+# overwrite a newer holder's state. Reply: 'ok' or 'partial', then 'marked' | 'kept' | '',
+# then '1' if the state was left to a newer fence, then each failed write.
 FINISH = """
+local failed = {}
+local function try(...)
+  local reply = redis.pcall(...)
+  if type(reply) == 'table' and reply.err then
+    local call = {...}
+    failed[#failed + 1] = call[1] .. ' ' .. call[2] .. ': ' .. reply.err
+    return nil
+  end
+  return reply
+end
 local token = ARGV[1]
+local owner = false
 if token ~= '' then
-  local current = redis.call('GET', KEYS[1])
-  if current ~= token then
+  local current = try('GET', KEYS[1])
+  if current ~= nil and current ~= token then
     -- A retry whose first reply was lost: this token already completed the slot.
-    if #KEYS == 4 and redis.call('HGET', KEYS[4], 'token') == token then
-      return {'ok'}
+    if #KEYS == 4 and redis.pcall('HGET', KEYS[4], 'token') == token then
+      return {'ok', 'marked', ''}
     end
     return {'not_owner', current or ''}
   end
-  redis.call('DEL', KEYS[1])
+  -- nil: the lease could not be read, so it is not deleted; a success still marks its slot.
+  owner = current ~= nil
 end
-local i = 4
+local i = 5
 local function pairs_at()
   local n = tonumber(ARGV[i])
   local out = {}
@@ -79,17 +143,37 @@ end
 local record = pairs_at()
 local state = pairs_at()
 local marker = pairs_at()
-if #record > 0 then
-  redis.call('XADD', KEYS[2], 'MAXLEN', '~', ARGV[2], '*', unpack(record))
-end
-if #state > 0 then
-  redis.call('HSET', KEYS[3], unpack(state))
-end
+local marked = ''
 if #KEYS == 4 and #marker > 0 then
-  redis.call('HSET', KEYS[4], unpack(marker))
-  redis.call('PEXPIRE', KEYS[4], ARGV[3])
+  if try('HSET', KEYS[4], unpack(marker)) then
+    marked = 'marked'
+    try('PEXPIRE', KEYS[4], ARGV[3])
+  elseif owner and try('PEXPIRE', KEYS[1], ARGV[3]) then
+    marked = 'kept'
+  end
+  owner = owner and marked == 'marked'
 end
-return {'ok'}
+if owner then
+  try('DEL', KEYS[1])
+end
+if #record > 0 then
+  try('XADD', KEYS[2], 'MAXLEN', '~', ARGV[2], '*', unpack(record))
+end
+local stale = ''
+if #state > 0 then
+  local last = try('HGET', KEYS[3], 'last_fence')
+  if last ~= nil then
+    if tonumber(ARGV[4]) >= (tonumber(last) or 0) then
+      try('HSET', KEYS[3], unpack(state))
+    else
+      stale = '1'
+    end
+  end
+end
+if #failed > 0 then
+  return {'partial', marked, stale, unpack(failed)}
+end
+return {'ok', marked, stale}
 """
 
 # `cron-runner unlock`, the admin escape hatch. KEYS: lease, runs   ARGV: holder ('' deletes
@@ -159,6 +243,10 @@ class Held:
     def holder(self) -> str:
         return holder_of(self.token)
 
+    @property
+    def slot(self) -> int | None:
+        return slot_of(self.token)
+
 
 @dataclass(frozen=True)
 class SlotDone:
@@ -169,13 +257,33 @@ class SlotDone:
 AcquireResult = Acquired | Held | SlotDone
 
 
-def new_token(holder_id: str) -> str:
-    """Holder identity, so `status` shows who holds it, plus randomness, so two are never equal."""
-    return f"{holder_id}:{secrets.token_hex(8)}"
+@dataclass(frozen=True)
+class Finished:
+    """What a finish script left: the state hash unwritten because a newer fence wrote it."""
+
+    stale_state: bool = False
+
+
+def new_token(holder_id: str, slot: int | None = None) -> str:
+    """Holder identity, so `status` shows who holds it, plus randomness, so two are never equal,
+    plus the slot it runs, so that a runner of the same slot can tell it waits for its own.
+
+    The slot follows a '/', never a ':': b170e33 reads the holder as everything before the last
+    ':' (holder_of, and the unlock script), so its runners still name the holder right.
+    """
+    token = f"{holder_id}:{secrets.token_hex(8)}"
+    return token if slot is None else f"{token}/{slot}"
 
 
 def holder_of(token: str) -> str:
     return token.rsplit(":", 1)[0] if ":" in token else token
+
+
+def slot_of(token: str) -> int | None:
+    """The slot a token was taken for; None for a manual run, or a token of b170e33."""
+    _, sep, tail = token.rpartition(":")
+    _, slash, slot = tail.partition("/")
+    return int(slot) if sep and slash and slot.isascii() and slot.isdigit() else None
 
 
 def unlock(
@@ -211,7 +319,12 @@ def _flatten(fields: Fields | None) -> list[str]:
 
 
 class Lease:
-    """One holder's lease on one task. Every method is one round trip."""
+    """One holder's lease on one task. Every method is one round trip.
+
+    ``definition`` is the task's definition (schedule, time zone, mode, command or task), ''
+    for a manual run: acquire compares it with the one stored and refuses a different one,
+    unless ``redefine`` replaces it.
+    """
 
     def __init__(
         self,
@@ -222,6 +335,8 @@ class Lease:
         ttl_ms: int,
         retention_ms: int = 3_600_000,
         runs_maxlen: int = 1000,
+        definition: str = "",
+        redefine: bool = False,
     ) -> None:
         self.client = client
         self.keys = keys
@@ -229,21 +344,31 @@ class Lease:
         self.ttl_ms = ttl_ms
         self.retention_ms = retention_ms
         self.runs_maxlen = runs_maxlen
+        self.definition = definition
+        self.redefine = redefine
+        self.fence = 0
 
     @property
     def holder(self) -> str:
         return holder_of(self.token)
 
     def acquire(self, slot: int | None) -> AcquireResult:
-        keys = [self.keys.lease, self.keys.fence]
+        keys = [self.keys.lease, self.keys.fence, self.keys.meta]
         if slot is not None:
             keys.append(self.keys.slot(slot))
-        reply = SCRIPTS["acquire"](self.client, keys, [self.token, self.ttl_ms])
+        args = [self.token, self.ttl_ms, PROTOCOL, PROTOCOL_MIN, self.definition,
+                "1" if self.redefine else ""]  # fmt: skip
+        reply = SCRIPTS["acquire"](self.client, keys, args)
         kind = _as_str(reply[0])
         if kind == "acquired":
-            return Acquired(fence=int(reply[1]))
+            self.fence = int(reply[1])
+            return Acquired(fence=self.fence)
         if kind == "held":
             return Held(token=_as_str(reply[1]), ttl_ms=int(reply[2]))
+        if kind == "protocol":
+            raise ProtocolRefused(PROTOCOL, _as_str(reply[1]), _as_str(reply[2]), self.keys.meta)
+        if kind == "definition":
+            raise DefinitionConflict(self.definition, _as_str(reply[1]), self.keys.meta)
         finished = _as_str(reply[2])
         return SlotDone(holder=_as_str(reply[1]), finished_at=float(finished) if finished else None)
 
@@ -253,8 +378,8 @@ class Lease:
 
     def complete(
         self, slot: int | None, record: Fields, state: Fields, marker: Fields | None = None
-    ) -> None:
-        """Success: delete the lease and, in the same step, mark the slot done and record the run.
+    ) -> Finished:
+        """Success: mark the slot done and only then delete the lease, recording the run.
 
         The marker always names the holder, the time and the token: acquire reads the first two,
         and a retried complete whose first reply was lost recognises its own token.
@@ -265,15 +390,15 @@ class Lease:
             **(marker or {}),
             "token": self.token,
         }
-        self._finish("complete", slot, record, state, full_marker, token=self.token)
+        return self._finish("complete", slot, record, state, full_marker, token=self.token)
 
-    def release(self, record: Fields, state: Fields) -> None:
+    def release(self, record: Fields, state: Fields) -> Finished:
         """Failure: delete the lease, write no slot marker (the retry may run it), record the run."""
-        self._finish("release", None, record, state, None, token=self.token)
+        return self._finish("release", None, record, state, None, token=self.token)
 
-    def record(self, record: Fields, state: Fields) -> None:
+    def record(self, record: Fields, state: Fields) -> Finished:
         """Record an outcome whose lease is already gone (lost, or left to expire)."""
-        self._finish("record", None, record, state, None, token="")
+        return self._finish("record", None, record, state, None, token="")
 
     def _finish(
         self,
@@ -284,16 +409,24 @@ class Lease:
         marker: Fields | None,
         *,
         token: str,
-    ) -> None:
+    ) -> Finished:
         keys = [self.keys.lease, self.keys.runs, self.keys.state]
         if slot is not None:
             keys.append(self.keys.slot(slot))
-        args = [token, self.runs_maxlen, self.retention_ms]
+        # The state hash takes the fence of the state written, else this lease's own.
+        fence = state.get("last_fence", self.fence)
+        args = [token, self.runs_maxlen, self.retention_ms, fence]
         args += _flatten(record) + _flatten(state) + _flatten(marker)
-        self._check_owner(operation, SCRIPTS["finish"](self.client, keys, args))
+        reply = SCRIPTS["finish"](self.client, keys, args)
+        self._check_owner(operation, reply)
+        marked, stale = _as_str(reply[1]), _as_str(reply[2]) == "1"
+        if _as_str(reply[0]) == "partial":
+            failed = [_as_str(x) for x in reply[3:]]
+            raise FinishIncomplete(operation, failed, marked, slot, self.retention_ms)
+        return Finished(stale_state=stale)
 
     @staticmethod
     def _check_owner(operation: str, reply: Any) -> None:
-        if _as_str(reply[0]) != "ok":
+        if _as_str(reply[0]) not in ("ok", "partial"):
             current = _as_str(reply[1])
             raise LeaseNotOwned(operation, holder_of(current) if current else None)

@@ -80,6 +80,15 @@ class LeaseSettings(NamedTuple):
     scope: str = "default"
     holder: str = ""
     slot_retention_s: float | None = None
+    # How long a run waits for a holder of its own slot to finish, renew or expire; None: the
+    # TTL plus 10 s, which is enough to see one of them when the holder's TTL is ours.
+    held_wait_s: float | None = None
+    # Replace the task's stored definition with this runner's (a change made on purpose).
+    redefine: bool = False
+
+    @property
+    def held_wait(self) -> float:
+        return self.held_wait_s if self.held_wait_s is not None else self.ttl_s + 10.0
 
     @property
     def ttl_ms(self) -> int:
@@ -92,6 +101,9 @@ class SlotSettings(NamedTuple):
     skew_tolerance_s: float = 30.0
     job_name: str | None = None
     cronjob_name: str | None = None
+    # Without a Job name: a run that starts this long after its slot does not run (too_late),
+    # like a CronJob's startingDeadlineSeconds.
+    starting_deadline_s: float = 300.0
 
 
 class RunSettings(NamedTuple):
@@ -357,6 +369,10 @@ def _lease(src: _Source) -> LeaseSettings:
             if src.get("SLOT_RETENTION")[0] is not None
             else None
         ),
+        held_wait_s=(
+            src.duration("HELD_WAIT", 0.0) if src.get("HELD_WAIT")[0] is not None else None
+        ),
+        redefine=src.boolean("REDEFINE", False),
     )
 
 
@@ -384,6 +400,7 @@ def _slots(src: _Source) -> SlotSettings:
         skew_tolerance_s=src.duration("SKEW_TOLERANCE", DEFAULTS.slots.skew_tolerance_s),
         job_name=job_name,
         cronjob_name=cronjob_name,
+        starting_deadline_s=src.duration("STARTING_DEADLINE", DEFAULTS.slots.starting_deadline_s),
     )
 
 
