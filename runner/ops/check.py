@@ -16,7 +16,7 @@ from typing import Any, TextIO
 from redis.exceptions import NoPermissionError, RedisError, ResponseError
 
 from runner import clock, store
-from runner.errors import ConfigError, StoreUnavailable
+from runner.errors import ConfigError, FinishIncomplete, StoreUnavailable
 from runner.keys import TaskKeys
 from runner.lease import Acquired, Lease, new_token
 from runner.ops.state import CHECK_TASK_PREFIX
@@ -116,6 +116,14 @@ class Check:
             now = f"{clock.wall():.3f}"
             lease.complete(slot, {"outcome": "check"}, {"last_run_at": now}, {"fence": got.fence})
             self.say(OK, f"lease scripts run (acquire, renew, complete) on {keys.base}:*")
+        except FinishIncomplete:
+            # The finish script catches each refusal to keep the marker safe; name them here.
+            refused = self._refused_inside_scripts(client, keys, slot)
+            self.say(
+                FAIL,
+                f"lease scripts: the ACL user {user!r} may not run "
+                f"{', '.join(refused) or 'a command'} inside them",
+            )
         except NoPermissionError as exc:
             what = (
                 f"access the keys {keys.base}:*"
@@ -148,6 +156,7 @@ class Check:
             ("PEXPIRE", keys.lease, "1000"),
             ("PTTL", keys.lease),
             ("INCR", keys.fence),
+            ("TIME",),
             ("HMGET", keys.slot(slot), "holder"),
             ("HSET", keys.state, "check", "1"),
             ("XADD", keys.runs, "MAXLEN", "~", "1", "*", "check", "1"),

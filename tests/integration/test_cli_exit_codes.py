@@ -85,7 +85,8 @@ def test_exec_output_is_passed_through(redis_server: RedisServer) -> None:
         runner_env(redis_server.url),
     )
     assert res.returncode == 0
-    assert res.stdout == "out 1\n"
+    fence = next(e["fence"] for e in events(res.stderr) if e.get("event") == "acquired")
+    assert res.stdout == f"out {fence}\n"
     assert "err" in res.stderr.splitlines()
 
 

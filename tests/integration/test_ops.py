@@ -17,6 +17,7 @@ from tests.helpers.proc import events, outcome, run, runner_env, side_effects, s
 from tests.helpers.wait import clear_of_slot_edge, wait_for
 
 LEASE = "cron-runner:{default:%s}:lease"
+FENCE = "cron-runner:{default:%s}:fence"
 ISO_Z = r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ$"
 
 STATUS_KEYS = {
@@ -64,6 +65,7 @@ def test_status_and_history_after_ran_skipped_and_failed(
     )
     assert failed.returncode == 3
     slot = next(e["slot"] for e in events(ran.stderr) if e.get("event") == "start")
+    fence = next(e["fence"] for e in events(ran.stderr) if e.get("event") == "acquired")
 
     doc = _json(["status"], env)
     assert {"scope", "now", "tasks"} <= set(doc)  # queue mode adds its queues
@@ -76,7 +78,7 @@ def test_status_and_history_after_ran_skipped_and_failed(
 
     report = by_task["report"]
     assert report["lease"] is None
-    assert report["fencing_token"] == 1
+    assert report["fencing_token"] == int(r.get(FENCE % "report") or 0) == fence
     assert (report["schedule"], report["timezone"]) == ("*/5 * * * *", "UTC")
     assert report["last_slot"] == slot
     assert report["last_run"]["outcome"] == "ran"
@@ -103,7 +105,7 @@ def test_status_and_history_after_ran_skipped_and_failed(
     (record,) = history["runs"]
     assert set(record) == RUN_KEYS
     assert record["holder"] == "pod-a"
-    assert (record["slot"], record["fencing_token"], record["outcome"]) == (slot, 1, "ran")
+    assert (record["slot"], record["fencing_token"], record["outcome"]) == (slot, fence, "ran")
     assert record["exit_code"] == 0
     assert _is_iso(record["started_at"])
     assert record["error"] is None
@@ -143,7 +145,7 @@ def test_history_of_lease_lost_and_terminated_runs(
         ("pod-term", "terminated", 143),
         ("pod-lost", "lease_lost", 75),
     ]
-    assert [x["fencing_token"] for x in runs] == [2, 1]
+    assert runs[0]["fencing_token"] > runs[1]["fencing_token"] > 0
     status = _json(["status", "slow"], env)["tasks"][0]
     assert status["last_failure"]["outcome"] == "terminated"
     assert status["schedule"] is None
@@ -167,7 +169,7 @@ def test_status_shows_the_holder_while_a_run_holds_the_lease(
         assert task["task"] == "slow"
         assert task["lease"]["holder"] == "pod-x"
         assert 0 < task["lease"]["ttl_ms"] <= 30_000
-        assert task["fencing_token"] == 1
+        assert task["fencing_token"] > 0
         assert "pod-x (" in run(["status", "slow"], env).stdout
     finally:
         proc.send_signal(signal.SIGTERM)

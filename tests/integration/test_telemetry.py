@@ -63,6 +63,7 @@ def test_a_run_exports_its_span_tree_attributes_and_metrics(
     res = run(["run", "traced"], env)
     assert res.returncode == 0, res.stderr
     slot = next(e["slot"] for e in events(res.stderr) if e.get("event") == "start")
+    fence = next(e["fence"] for e in events(res.stderr) if e.get("event") == "acquired")
 
     spans = _by_name(receiver.spans())
     assert set(spans) == {"run traced", "connect", "acquire", "task", "complete", "user-work"}
@@ -76,13 +77,13 @@ def test_a_run_exports_its_span_tree_attributes_and_metrics(
         assert spans[before].end_ns <= spans[after].start_ns, (before, after)
     # The task's own span, made with the global tracer in the task's thread, nests under "task".
     assert spans["user-work"].parent_span_id == spans["task"].span_id
-    assert spans["user-work"].attributes == {"user.fencing_token": 1}
+    assert spans["user-work"].attributes == {"user.fencing_token": fence}
     assert len({s.trace_id for s in spans.values()}) == 1
     assert root.attributes == {
         "cron_runner.task": "traced",
         "cron_runner.holder": "pod-a",
         "cron_runner.slot": slot,
-        "cron_runner.fencing_token": 1,
+        "cron_runner.fencing_token": fence,
         "cron_runner.outcome": "ran",
         "cron_runner.exit_code": 0,
     }
