@@ -48,10 +48,13 @@ def _acl(r: redis.Redis, *rules: str) -> None:
     r.execute_command("ACL", "SETUSER", "cron-runner", *rules)
 
 
+def _refuse(command: str) -> Callable[[redis.Redis, int], None]:
+    return lambda r, _slot: _acl(r, f"-{command}")
+
+
 BREAKS: dict[str, Callable[[redis.Redis, int], None]] = {
     # Every write command the finish uses, refused to the ACL user while the task runs ...
-    **{f"-{cmd}": (lambda cmd: lambda r, _slot: _acl(r, f"-{cmd}"))(cmd)
-       for cmd in ("hset", "pexpire", "del", "xadd", "hget", "get")},
+    **{f"-{cmd}": _refuse(cmd) for cmd in ("hset", "pexpire", "del", "xadd", "hget", "get")},
     # ... and each key it writes, of the wrong type.
     "runs-wrong-type": lambda r, _slot: r.set(f"{BASE}:runs", "not a stream"),
     "state-wrong-type": lambda r, _slot: r.set(f"{BASE}:state", "not a hash"),
@@ -68,7 +71,7 @@ def test_a_failing_write_in_the_finish_never_lets_the_slot_run_again(
     r.execute_command("ACL", "SETUSER", "cron-runner", "reset", "on", ">s3cret", *ACL_RULE.split())
     env = _slot_env(redis_server, tmp_path)
     first = spawn(["exec", "--name", "fin", "--", *_task(tmp_path)], env)
-    wait_for(lambda: (tmp_path / "started").exists(), what="the task to start")
+    wait_for((tmp_path / "started").exists, what="the task to start")
     slot = int(env["CRON_RUNNER_JOB_NAME"].rsplit("-", 1)[1]) * 60
     BREAKS[broken](r, slot)
     _, stderr = first.communicate(timeout=30)
