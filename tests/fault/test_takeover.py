@@ -1,0 +1,98 @@
+"""A hard-killed holder's slot is not lost (issue 11, item 9). Pod A holds the slot's lease and
+is ``kill -9``ed mid-run; B and C, the same slot's pods in other clusters, started with A; the
+Job's retry comes 10 s later with the same Job name. None of them may report success while the
+slot is neither done nor running: the slot runs exactly once more, and its marker exists."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from pathlib import Path
+
+from runner.devserver import RedisServer
+from tests.fault.common import assert_clean, event_time
+from tests.fault.conftest import Figure
+from tests.helpers.proc import events, outcome, runner_env, side_effects, spawn
+from tests.helpers.wait import wait_for
+
+TTL_S = 12
+
+
+def _env(redis_server: RedisServer, effects: Path) -> dict[str, str]:
+    minutes = int(time.time() // 60) - 1
+    return runner_env(
+        redis_server.url,
+        CRON_RUNNER_JOB_NAME=f"report-{minutes}",
+        CRON_RUNNER_LEASE_TTL=f"{TTL_S}s",
+        SIDE_EFFECTS=str(effects),
+    )
+
+
+def _task(effects: Path, seconds: float) -> list[str]:
+    return ["sh", "-c", f"echo start >> {effects}; sleep {seconds}; echo ran >> {effects}"]
+
+
+def _exec(holder: str, effects: Path, seconds: float = 2) -> list[str]:
+    return ["exec", "--name", "report", "--holder", holder, "--", *_task(effects, seconds)]
+
+
+def test_a_kill9ed_holders_slot_runs_exactly_once_more_and_is_marked(
+    redis_server: RedisServer, tmp_path: Path, figure: Figure
+) -> None:
+    effects = tmp_path / "effects"
+    env = _env(redis_server, effects)
+    slot = int(env["CRON_RUNNER_JOB_NAME"].rsplit("-", 1)[1]) * 60
+    started = time.monotonic()
+    a = spawn(_exec("pod-a", effects), env)
+    wait_for(lambda: side_effects(effects, "start"), what="A's task to start")
+    others = {name: spawn(_exec(name, effects), env) for name in ("pod-b", "pod-c")}
+    time.sleep(0.5)
+    os.kill(a.pid, signal.SIGKILL)  # a node crash: no release, no record
+    killed_at = time.time()
+    a.communicate(timeout=10)
+    time.sleep(max(0.0, started + 10 - time.monotonic()))
+    others["pod-a-retry"] = spawn(_exec("pod-a-retry", effects), env)
+
+    results = {name: (*p.communicate(timeout=60), p.returncode) for name, p in others.items()}
+    for _, stderr, _ in results.values():
+        assert_clean(stderr)
+    outcomes = {name: outcome(stderr) for name, (_, stderr, _) in results.items()}
+    codes = {name: code for name, (_, _, code) in results.items()}
+    # Exactly one more run of the slot, by one of those who waited; the others saw it done.
+    assert sorted(outcomes.values()) == ["ran", "skipped_done", "skipped_done"], results
+    assert set(codes.values()) == {0}, results
+    assert side_effects(effects, "start") == ["start", "start"]
+    assert side_effects(effects, "ran") == ["ran"]
+    (taker,) = [name for name, got in outcomes.items() if got == "ran"]
+    marker = redis_server.client().hgetall(f"cron-runner:{{default:report}}:slot:{slot}")
+    assert marker["holder"] == taker
+    waited = [n for n, (_, err, _) in results.items() if any(
+        e.get("event") == "waiting" for e in events(err))]  # fmt: skip
+    assert sorted(waited) == sorted(results)
+    takeover_s = round(event_time(results[taker][1], "acquired") - killed_at, 2)
+    # Never before the dead holder's lease expired (its TTL after its last renewal or start).
+    assert takeover_s > TTL_S - 3
+    figure("9", duplicates=0, overlap_ms=0, taken_over_by=taker,
+           kill_to_new_run_s=takeover_s, ttl_s=TTL_S, outcomes=outcomes, exit_codes=codes)  # fmt: skip
+
+
+def test_a_retry_of_a_slot_that_finished_is_skipped_done_at_once(
+    redis_server: RedisServer, tmp_path: Path
+) -> None:
+    effects = tmp_path / "effects"
+    env = {**_env(redis_server, effects), "CRON_RUNNER_LEASE_TTL": "3s"}
+    a = spawn(_exec("pod-a", effects, seconds=2.5), env)
+    wait_for(lambda: side_effects(effects, "start"), what="A's task to start")
+    # B, of the same slot while A runs and renews (every second): it skips without failing.
+    b = spawn(_exec("pod-b", effects), env)
+    _, b_err = b.communicate(timeout=30)
+    _, a_err = a.communicate(timeout=30)
+    assert (outcome(a_err), a.returncode) == ("ran", 0), a_err
+    assert (outcome(b_err), b.returncode) == ("skipped_held", 0), b_err
+    assert any(e.get("event") == "waiting" for e in events(b_err))
+    retry = spawn(_exec("pod-a-retry", effects), env)
+    _, retry_err = retry.communicate(timeout=30)
+    assert (outcome(retry_err), retry.returncode) == ("skipped_done", 0), retry_err
+    assert not any(e.get("event") == "waiting" for e in events(retry_err))
+    assert side_effects(effects, "ran") == ["ran"]
