@@ -1,0 +1,105 @@
+"""One task, one definition (issue 11, item 10), through the CLI on a real Redis: a runner whose
+schedule, time zone, mode or command differs from the one its fleet stored does not run, unless
+told to change it on purpose; and a server's run that starts past its slot's starting deadline
+records too_late instead of running."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import redis
+
+from runner.devserver import RedisServer
+from runner.errors import ConfigError
+from tests.helpers.proc import events, outcome, run, runner_env, side_effects
+
+META = "cron-runner:{default:billing}:meta"
+
+
+def _billing(effects: Path) -> list[str]:
+    return ["exec", "--name", "billing", "--", "sh", "-c", f"echo ran >> {effects}"]
+
+
+def test_a_runner_with_another_definition_of_the_task_does_not_run(
+    redis_server: RedisServer, r: redis.Redis, tmp_path: Path
+) -> None:
+    """The CronJob says 02:00 in Berlin; the README's crontab line on a server says 02:00 and
+    no zone (UTC): each computes its own slot, and both would run the billing that day."""
+    effects = tmp_path / "effects"
+    minutes = int(time.time() // 60) - 1
+    cronjob = runner_env(redis_server.url, CRON_RUNNER_SCHEDULE="0 2 * * *",
+                         CRON_RUNNER_TIMEZONE="Europe/Berlin",
+                         CRON_RUNNER_JOB_NAME=f"billing-{minutes}")  # fmt: skip
+    server = runner_env(redis_server.url, CRON_RUNNER_SCHEDULE="0  2 * * *")
+    first = run(_billing(effects), cronjob)
+    assert (outcome(first.stderr), first.returncode) == ("ran", 0), first.stderr
+    stored = r.hget(META, "definition")
+    assert stored is not None and "'0 2 * * *' in Europe/Berlin" in stored
+
+    refused = run(_billing(effects), server)
+    assert refused.returncode == ConfigError.exit_code, refused.stderr
+    assert "Traceback" not in refused.stderr
+    (error,) = [e for e in events(refused.stderr) if e.get("event") == "error"]
+    # Both definitions named, and the way to change it on purpose.
+    assert "'0 2 * * *' in UTC" in error["msg"]
+    assert "'0 2 * * *' in Europe/Berlin" in error["msg"]
+    assert "CRON_RUNNER_REDEFINE" in error["msg"]
+    assert side_effects(effects) == ["ran"]
+    # Nothing of the refused runner was written: the watchdog still judges Berlin's schedule.
+    state = r.hgetall("cron-runner:{default:billing}:state")
+    assert state["timezone"] == "Europe/Berlin"
+    assert r.hget(META, "definition") == stored
+
+    # Another command under the same name is another definition too.
+    other = run(["exec", "--name", "billing", "--", "true"], cronjob)
+    assert other.returncode == ConfigError.exit_code, other.stderr
+
+    # Changed on purpose: the server's definition replaces the stored one, and it runs.
+    redefined = run(_billing(effects), {**server, "CRON_RUNNER_REDEFINE": "true"})
+    assert (outcome(redefined.stderr), redefined.returncode) == ("ran", 0), redefined.stderr
+    assert "in UTC" in (r.hget(META, "definition") or "")
+    assert side_effects(effects) == ["ran", "ran"]
+    # From then on the old definition is the one refused.
+    stale = run(_billing(effects), cronjob)
+    assert stale.returncode == ConfigError.exit_code, stale.stderr
+    assert side_effects(effects) == ["ran", "ran"]
+
+
+def test_manual_runs_carry_no_definition(redis_server: RedisServer, tmp_path: Path) -> None:
+    effects = tmp_path / "effects"
+    scheduled = runner_env(redis_server.url, CRON_RUNNER_SCHEDULE="* * * * *")
+    assert run(_billing(effects), scheduled).returncode == 0
+    # An operator's run now, without a schedule (no slot), of another command: not refused.
+    manual = run(["exec", "--name", "billing", "--", "true"], runner_env(redis_server.url))
+    assert (outcome(manual.stderr), manual.returncode) == ("ran", 0), manual.stderr
+
+
+def _an_hour_ago_daily() -> str:
+    then = time.gmtime(time.time() - 3600)
+    return f"{then.tm_min} {then.tm_hour} * * *"
+
+
+def test_a_server_run_past_the_starting_deadline_records_too_late_and_does_not_run(
+    redis_server: RedisServer, r: redis.Redis, tmp_path: Path
+) -> None:
+    effects = tmp_path / "effects"
+    env = runner_env(redis_server.url, CRON_RUNNER_SCHEDULE=_an_hour_ago_daily())
+    del env["CRON_RUNNER_STARTING_DEADLINE"]  # the default, 300 s
+    late = run(_billing(effects), env)
+    assert (outcome(late.stderr), late.returncode) == ("too_late", 0), late.stderr
+    assert "CRON_RUNNER_STARTING_DEADLINE" in late.stderr
+    assert not effects.exists()
+    assert not r.exists("cron-runner:{default:billing}:lease")
+    (entry,) = r.xrange("cron-runner:{default:billing}:runs")  # type: ignore[misc]
+    assert entry[1]["outcome"] == "too_late"
+    assert not r.exists("cron-runner:{default:billing}:state")  # status still says: never ran
+
+    # A longer deadline lets it run; a CronJob pod (a Job name) has the controller's own.
+    longer = run(_billing(effects), {**env, "CRON_RUNNER_STARTING_DEADLINE": "2h"})
+    assert (outcome(longer.stderr), longer.returncode) == ("ran", 0), longer.stderr
+    minutes = int((time.time() - 3600) // 60)
+    pod = run(
+        ["exec", "--name", "pod", "--", "true"], {**env, "CRON_RUNNER_JOB_NAME": f"pod-{minutes}"}
+    )
+    assert (outcome(pod.stderr), pod.returncode) == ("ran", 0), pod.stderr
