@@ -9,6 +9,7 @@ import os
 import signal
 import time
 from pathlib import Path
+from typing import cast
 
 from runner.devserver import RedisServer
 from tests.fault.common import assert_clean, event_time
@@ -57,7 +58,7 @@ def test_a_kill9ed_holders_slot_runs_exactly_once_more_and_is_marked(
     results = {name: (*p.communicate(timeout=60), p.returncode) for name, p in others.items()}
     for _, stderr, _ in results.values():
         assert_clean(stderr)
-    outcomes = {name: outcome(stderr) for name, (_, stderr, _) in results.items()}
+    outcomes = {name: str(outcome(stderr)) for name, (_, stderr, _) in results.items()}
     codes = {name: code for name, (_, _, code) in results.items()}
     # Exactly one more run of the slot, by one of those who waited; the others saw it done.
     assert sorted(outcomes.values()) == ["ran", "skipped_done", "skipped_done"], results
@@ -65,7 +66,9 @@ def test_a_kill9ed_holders_slot_runs_exactly_once_more_and_is_marked(
     assert side_effects(effects, "start") == ["start", "start"]
     assert side_effects(effects, "ran") == ["ran"]
     (taker,) = [name for name, got in outcomes.items() if got == "ran"]
-    marker = redis_server.client().hgetall(f"cron-runner:{{default:report}}:slot:{slot}")
+    marker = cast(
+        dict[str, str], redis_server.client().hgetall(f"cron-runner:{{default:report}}:slot:{slot}")
+    )
     assert marker["holder"] == taker
     waited = [n for n, (_, err, _) in results.items() if any(
         e.get("event") == "waiting" for e in events(err))]  # fmt: skip

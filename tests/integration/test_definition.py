@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
+from typing import cast
 
 import redis
 
@@ -34,7 +35,7 @@ def test_a_runner_with_another_definition_of_the_task_does_not_run(
     server = runner_env(redis_server.url, CRON_RUNNER_SCHEDULE="0  2 * * *")
     first = run(_billing(effects), cronjob)
     assert (outcome(first.stderr), first.returncode) == ("ran", 0), first.stderr
-    stored = r.hget(META, "definition")
+    stored = cast(str | None, r.hget(META, "definition"))
     assert stored is not None and "'0 2 * * *' in Europe/Berlin" in stored
 
     refused = run(_billing(effects), server)
@@ -47,7 +48,7 @@ def test_a_runner_with_another_definition_of_the_task_does_not_run(
     assert "CRON_RUNNER_REDEFINE" in error["msg"]
     assert side_effects(effects) == ["ran"]
     # Nothing of the refused runner was written: the watchdog still judges Berlin's schedule.
-    state = r.hgetall("cron-runner:{default:billing}:state")
+    state = cast(dict[str, str], r.hgetall("cron-runner:{default:billing}:state"))
     assert state["timezone"] == "Europe/Berlin"
     assert r.hget(META, "definition") == stored
 
@@ -58,7 +59,7 @@ def test_a_runner_with_another_definition_of_the_task_does_not_run(
     # Changed on purpose: the server's definition replaces the stored one, and it runs.
     redefined = run(_billing(effects), {**server, "CRON_RUNNER_REDEFINE": "true"})
     assert (outcome(redefined.stderr), redefined.returncode) == ("ran", 0), redefined.stderr
-    assert "in UTC" in (r.hget(META, "definition") or "")
+    assert "in UTC" in cast(str, r.hget(META, "definition"))
     assert side_effects(effects) == ["ran", "ran"]
     # From then on the old definition is the one refused.
     stale = run(_billing(effects), cronjob)

@@ -10,6 +10,7 @@ import signal
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import cast
 
 import pytest
 import redis
@@ -48,6 +49,10 @@ def _acl(r: redis.Redis, *rules: str) -> None:
     r.execute_command("ACL", "SETUSER", "cron-runner", *rules)
 
 
+def _wrong_type(r: redis.Redis, key: str) -> None:
+    r.set(key, "a string where a hash or a stream belongs")
+
+
 def _refuse(command: str) -> Callable[[redis.Redis, int], None]:
     return lambda r, _slot: _acl(r, f"-{command}")
 
@@ -56,9 +61,9 @@ BREAKS: dict[str, Callable[[redis.Redis, int], None]] = {
     # Every write command the finish uses, refused to the ACL user while the task runs ...
     **{f"-{cmd}": _refuse(cmd) for cmd in ("hset", "pexpire", "del", "xadd", "hget", "get")},
     # ... and each key it writes, of the wrong type.
-    "runs-wrong-type": lambda r, _slot: r.set(f"{BASE}:runs", "not a stream"),
-    "state-wrong-type": lambda r, _slot: r.set(f"{BASE}:state", "not a hash"),
-    "marker-wrong-type": lambda r, slot: r.set(f"{BASE}:slot:{slot}", "not a hash"),
+    "runs-wrong-type": lambda r, _slot: _wrong_type(r, f"{BASE}:runs"),
+    "state-wrong-type": lambda r, _slot: _wrong_type(r, f"{BASE}:state"),
+    "marker-wrong-type": lambda r, slot: _wrong_type(r, f"{BASE}:slot:{slot}"),
 }  # fmt: skip
 # Where the marker itself cannot be written, the lease stands in for it.
 MARKER_UNWRITABLE = {"-hset", "marker-wrong-type"}
@@ -131,7 +136,7 @@ def test_a_stale_holder_never_overwrites_the_newer_holders_state(
     fence_a = next(e["fence"] for e in events(a_err) if e.get("event") == "acquired")
     fence_b = next(e["fence"] for e in events(b.stderr) if e.get("event") == "acquired")
     assert fence_b > fence_a
-    state = r.hgetall("cron-runner:{default:stale}:state")
+    state = cast(dict[str, str], r.hgetall("cron-runner:{default:stale}:state"))
     assert (state["last_outcome"], state["last_holder"]) == ("ran", "pod-b")
     assert int(state["last_fence"]) == fence_b
     assert "last_failure_at" not in state

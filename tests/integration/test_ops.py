@@ -6,7 +6,7 @@ import json
 import signal
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import pytest
 import redis
@@ -78,7 +78,7 @@ def test_status_and_history_after_ran_skipped_and_failed(
 
     report = by_task["report"]
     assert report["lease"] is None
-    assert report["fencing_token"] == int(r.get(FENCE % "report") or 0) == fence
+    assert report["fencing_token"] == int(cast(str, r.get(FENCE % "report"))) == fence
     assert (report["schedule"], report["timezone"]) == ("*/5 * * * *", "UTC")
     assert report["last_slot"] == slot
     assert report["last_run"]["outcome"] == "ran"

@@ -139,7 +139,7 @@ def test_a_runner_refuses_a_task_a_newer_incompatible_protocol_has_marked(
     client = redis_server.client()
     newer = PROTOCOL + 1
     client.hset("cron-runner:{default:ahead}:meta",
-                mapping={"protocol": newer, "protocol_min": newer})  # fmt: skip
+                mapping={"protocol": str(newer), "protocol_min": str(newer)})  # fmt: skip
     effects = tmp_path / "effects"
     res = subprocess.run(
         [CRON_RUNNER, "exec", "--name", "ahead", "--", "sh", "-c", f"echo ran >> {effects}"],
@@ -153,7 +153,7 @@ def test_a_runner_refuses_a_task_a_newer_incompatible_protocol_has_marked(
     assert client.get("cron-runner:{default:ahead}:lease") is None
     assert client.get("cron-runner:{default:ahead}:fence") is None
     # A newer runner that keeps the older one's protocol as its minimum runs beside it.
-    client.hset("cron-runner:{default:ahead}:meta", "protocol_min", PROTOCOL)
+    client.hset("cron-runner:{default:ahead}:meta", "protocol_min", str(PROTOCOL))
     ok = subprocess.run([CRON_RUNNER, "exec", "--name", "ahead", "--", "true"],
                         env=runner_env(redis_server.url), capture_output=True, text=True)  # fmt: skip
     assert ok.returncode == 0, ok.stderr
