@@ -21,12 +21,15 @@ if TYPE_CHECKING:
 log = logging.getLogger("runner")
 
 EXIT_CODES = """exit codes:
-  0    ran successfully, or skipped (another holder has the lease, or the slot already ran)
+  0    ran successfully, or skipped (another holder has the lease, the slot already ran,
+       or, without a Job name, it started past CRON_RUNNER_STARTING_DEADLINE: too_late)
   1    the task failed (exec passes the command's own code through, whatever it is)
   64   usage error: the command line is wrong (unknown flag, missing argument)
   69   Redis unreachable within the connect deadline; the task did not run
-  75   the lease was lost during the run and the task was stopped
-  78   configuration error (bad cron, unknown task, bad URL, bad duration)
+  75   the lease was lost during the run and the task was stopped; or a run of the same slot
+       held the lease and neither renewed nor released it within CRON_RUNNER_HELD_WAIT
+  78   configuration error (bad cron, unknown task, bad URL, bad duration, another definition
+       of the task or a newer protocol in Redis, a finish refused by the ACL or a key's type)
   126  exec: the command was found but cannot run (no execute bit, bad interpreter)
   127  exec: the command was not found
   143  terminated by SIGTERM or SIGINT
@@ -46,7 +49,7 @@ ENVIRONMENT = """environment (flags win over variables):
   CRON_RUNNER_HELD_WAIT          a run of the same slot holds the lease: wait this long for it to
                                  finish, renew or expire (default the TTL + 10s)
   CRON_RUNNER_REDEFINE           true: replace the task's stored definition (schedule, zone,
-                                 command) with this one, on purpose; otherwise a conflict exits 2
+                                 command) with this one, on purpose; otherwise a conflict exits 78
   CRON_RUNNER_SHUTDOWN_GRACE     after SIGTERM, wait this long before killing the task (default 25s)
   CRON_RUNNER_TASK_MODULES       modules to import so their @task functions register
   CRON_RUNNER_HOLDER, _SCOPE     holder id (default host:pid) and key scope (default 'default')
