@@ -4,7 +4,7 @@ Starts a throwaway Redis, then shows, with the installed `cron-runner`:
 1. five replicas of one job started together: exactly one runs it, four skip;
 2. a second wave in the same slot: all skip, the slot is done;
 3. SIGTERM in the middle of a run: the task stops, the lease is released, exit 143;
-4. kill -9 of the holder: the next run takes over once the lease's TTL has passed.
+4. kill -9 of the holder: the retry of its slot waits, and takes over once the lease's TTL has passed.
 """
 
 from __future__ import annotations
@@ -47,12 +47,14 @@ def env_for(redis_url: str, holder: str) -> dict[str, str]:
     return env
 
 
-def start(redis_url: str, holder: str, name: str, command: str) -> subprocess.Popen[str]:
+def start(
+    redis_url: str, holder: str, name: str, command: str, **extra_env: str
+) -> subprocess.Popen[str]:
     # Logs go to a file, not a pipe: a killed runner's orphaned child would hold a pipe open.
     log = tempfile.TemporaryFile(mode="w+")  # noqa: SIM115 - closed in show()
     proc = subprocess.Popen(
         [CRON_RUNNER, "exec", "--name", name, "--schedule", SCHEDULE, "--", "sh", "-c", command],
-        env=env_for(redis_url, holder),
+        env={**env_for(redis_url, holder), **extra_env},
         stderr=log,
         text=True,
     )
@@ -124,9 +126,15 @@ def main() -> int:
         lease_left = redis_server.client().exists("cron-runner:{default:reports}:lease")
         rows.append(("SIGTERM mid-run", "lease released" if not lease_left else "LEASE LEFT", term))
 
-        say("4. kill -9 of the whole holder (a node dies): nobody runs until its lease expires")
+        say(
+            "4. kill -9 of the whole holder (a node dies): its retry waits for the lease to "
+            "expire, then takes the slot over"
+        )
         pidfile = Path(tmp) / "backup.pid"
-        holder = start(url, "doomed", "backup", f"echo $$ > {pidfile}; echo backing up; sleep 30")
+        # One task, one command (a different one would be refused): how long it works is in
+        # the environment.
+        backup = f"echo $$ > {pidfile}; echo backing up; sleep $BACKUP_SECONDS"
+        holder = start(url, "doomed", "backup", backup, BACKUP_SECONDS="30")
         while not (pidfile.exists() and pidfile.read_text().strip()):
             time.sleep(0.05)
         holder.send_signal(signal.SIGKILL)
@@ -135,7 +143,7 @@ def main() -> int:
         show("doomed", holder)
         first_retry = ""
         while True:
-            nxt = start(url, "successor", "backup", "echo backup taken over")
+            nxt = start(url, "successor", "backup", backup, BACKUP_SECONDS="0")
             result = show("successor", nxt)
             first_retry = first_retry or result
             if result.startswith("ran") or time.monotonic() - killed_at > 15:
