@@ -95,7 +95,8 @@ return {'not_owner', current or ''}
 """
 
 # KEYS: lease, runs, state[, slot marker]
-# ARGV: token, runs_maxlen, retention_ms, fence, then three field lists, each a count followed
+# ARGV: token, runs_maxlen, retention_ms, fence ('' writes the state unguarded), then three
+#       field lists, each a count followed
 #       by that many name/value pairs: run record, state fields, slot marker fields.
 # With a slot marker key this is "complete"; without, "release". An empty token skips
 # the owner check and the lease: that is "record", for outcomes whose lease is gone.
@@ -163,7 +164,7 @@ local stale = ''
 if #state > 0 then
   local last = try('HGET', KEYS[3], 'last_fence')
   if last ~= nil then
-    if tonumber(ARGV[4]) >= (tonumber(last) or 0) then
+    if ARGV[4] == '' or tonumber(ARGV[4]) >= (tonumber(last) or 0) then
       try('HSET', KEYS[3], unpack(state))
     else
       stale = '1'
@@ -396,9 +397,13 @@ class Lease:
         """Failure: delete the lease, write no slot marker (the retry may run it), record the run."""
         return self._finish("release", None, record, state, None, token=self.token)
 
-    def record(self, record: Fields, state: Fields) -> Finished:
-        """Record an outcome whose lease is already gone (lost, or left to expire)."""
-        return self._finish("record", None, record, state, None, token="")
+    def record(self, record: Fields, state: Fields, *, fenced: bool = True) -> Finished:
+        """Record an outcome whose lease is already gone (lost, or left to expire).
+
+        ``fenced=False`` is for a queue worker's result: it holds no lease, and the job it ran
+        carries the fence of the enqueue that sent it, which a later enqueue may have passed.
+        """
+        return self._finish("record", None, record, state, None, token="", fenced=fenced)
 
     def _finish(
         self,
@@ -409,12 +414,13 @@ class Lease:
         marker: Fields | None,
         *,
         token: str,
+        fenced: bool = True,
     ) -> Finished:
         keys = [self.keys.lease, self.keys.runs, self.keys.state]
         if slot is not None:
             keys.append(self.keys.slot(slot))
         # The state hash takes the fence of the state written, else this lease's own.
-        fence = state.get("last_fence", self.fence)
+        fence = state.get("last_fence", self.fence) if fenced else ""
         args = [token, self.runs_maxlen, self.retention_ms, fence]
         args += _flatten(record) + _flatten(state) + _flatten(marker)
         reply = SCRIPTS["finish"](self.client, keys, args)
