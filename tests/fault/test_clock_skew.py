@@ -43,14 +43,20 @@ def _spawn_skewed(
 ) -> subprocess.Popen[str]:
     # The replica's clock reads fire_time + skew_s now.
     offset = fire_time + skew_s - time.time()
-    command = f'echo "ran $CRON_RUNNER_SLOT {skew_s}" >> {effects}; sleep {hold_s}'
+    # The skew in the environment, not the command: all replicas share one task definition.
+    command = f'echo "ran $CRON_RUNNER_SLOT $SKEW" >> {effects}; sleep {hold_s}'
     argv = [_faketime(), "-m", "-f", f"{offset:+.3f}s", CRON_RUNNER,
             "exec", "--name", name, "--holder", f"skew{skew_s:+g}",
             "--schedule", SCHEDULE, "--skew-tolerance", f"{TOLERANCE_S}s",
             "--", "sh", "-c", command]  # fmt: skip
     return subprocess.Popen(
         argv,
-        env={**env, "FAKETIME_DONT_FAKE_MONOTONIC": "1", "PYTHONPATH": f"{SLEEP_FIX}:{ROOT}"},
+        env={
+            **env,
+            "FAKETIME_DONT_FAKE_MONOTONIC": "1",
+            "PYTHONPATH": f"{SLEEP_FIX}:{ROOT}",
+            "SKEW": f"{skew_s}",
+        },  # fmt: skip
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,

@@ -68,7 +68,7 @@ def test_row1_kill9_of_the_holder_next_run_takes_over_after_the_ttl_never_before
     taken_at = event_time(b.stderr, "acquired")
     assert taken_at >= expiry_not_before - 0.001  # the log's ts is truncated to the ms
     assert outcomes and set(outcomes) == {"skipped_held"}, outcomes
-    assert event(b.stderr, "acquired")["fence"] == 2
+    assert event(b.stderr, "acquired")["fence"] > read_ticks(ticks, "a")[0].fence
     gap = -overlap_ms(read_ticks(ticks, "a"), read_ticks(ticks, "b"))
     assert gap > 0
     figure(
@@ -108,7 +108,8 @@ def test_row1b_kill9_of_the_runner_alone_takes_its_command_with_it(
         a.communicate(timeout=10)
     assert_clean(b.stderr)
     a_ticks, b_ticks = read_ticks(ticks, "a"), read_ticks(ticks, "b")
-    assert {t.fence for t in a_ticks} == {1} and {t.fence for t in b_ticks} == {2}
+    (fence_a,), (fence_b,) = {t.fence for t in a_ticks}, {t.fence for t in b_ticks}
+    assert fence_b > fence_a
     assert stale_writes_accepted(sink, "a", "b") == 0
     overlap = overlap_ms(a_ticks, b_ticks)
     assert overlap <= 0

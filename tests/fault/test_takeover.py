@@ -76,7 +76,7 @@ def test_a_kill9ed_holders_slot_runs_exactly_once_more_and_is_marked(
     takeover_s = round(event_time(results[taker][1], "acquired") - killed_at, 2)
     # Never before the dead holder's lease expired (its TTL after its last renewal or start).
     assert takeover_s > TTL_S - 3
-    figure("9", duplicates=0, overlap_ms=0, taken_over_by=taker,
+    figure("1c", duplicates=0, overlap_ms=0, taken_over_by=taker,
            kill_to_new_run_s=takeover_s, ttl_s=TTL_S, outcomes=outcomes, exit_codes=codes)  # fmt: skip
 
 
