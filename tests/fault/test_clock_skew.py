@@ -56,7 +56,7 @@ def _spawn_skewed(
             "FAKETIME_DONT_FAKE_MONOTONIC": "1",
             "PYTHONPATH": f"{SLEEP_FIX}:{ROOT}",
             "SKEW": f"{skew_s}",
-        },  # fmt: skip
+        },
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
