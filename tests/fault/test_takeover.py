@@ -7,14 +7,17 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
 import time
 from pathlib import Path
 from typing import cast
 
 from runner.devserver import RedisServer
+from runner.errors import LeaseLost, Terminated
 from tests.fault.common import assert_clean, event_time
 from tests.fault.conftest import Figure
-from tests.helpers.proc import events, outcome, runner_env, side_effects, spawn
+from tests.helpers.proc import CRON_RUNNER, events, outcome, runner_env, side_effects, spawn
+from tests.helpers.ticker import children
 from tests.helpers.wait import wait_for
 
 TTL_S = 12
@@ -99,3 +102,36 @@ def test_a_retry_of_a_slot_that_finished_is_skipped_done_at_once(
     assert (outcome(retry_err), retry.returncode) == ("skipped_done", 0), retry_err
     assert not any(e.get("event") == "waiting" for e in events(retry_err))
     assert side_effects(effects, "ran") == ["ran"]
+
+
+def test_a_holder_neither_renewing_nor_gone_within_the_wait_is_not_reported_done(
+    redis_server: RedisServer, tmp_path: Path
+) -> None:
+    """A frozen holder (SIGSTOP) of the slot: B's wait (CRON_RUNNER_HELD_WAIT) ends before the
+    holder renews or its lease expires, so B neither runs nor exits 0; C, stopped by SIGTERM
+    while it waits, exits at once, having taken nothing."""
+    effects = tmp_path / "effects"
+    env = _env(redis_server, effects)
+    a = spawn(_exec("pod-a", effects, seconds=30), env, start_new_session=True)
+    wait_for(lambda: side_effects(effects, "start"), what="A's task to start")
+    os.killpg(a.pid, signal.SIGSTOP)  # the runner; its command has a process group of its own
+    try:
+        b = spawn(_exec("pod-b", effects), {**env, "CRON_RUNNER_HELD_WAIT": "1s"})
+        _, b_err = b.communicate(timeout=30)
+        assert_clean(b_err)
+        assert (outcome(b_err), b.returncode) == ("skipped_held", LeaseLost.exit_code), b_err
+        c_log = tmp_path / "c.log"
+        with c_log.open("w") as log:
+            c = subprocess.Popen([CRON_RUNNER, *_exec("pod-c", effects)], env=env, stderr=log)
+            wait_for(lambda: '"waiting"' in c_log.read_text(), what="C to wait")
+            c.send_signal(signal.SIGTERM)
+            c.wait(timeout=10)
+        c_err = c_log.read_text()
+        assert_clean(c_err)
+        assert (outcome(c_err), c.returncode) == ("terminated", Terminated.exit_code), c_err
+    finally:
+        for group in (*children(a.pid), a.pid):  # the command runs in a process group of its own
+            os.killpg(group, signal.SIGKILL)
+        a.communicate(timeout=10)
+    assert side_effects(effects, "start") == ["start"]
+    assert side_effects(effects, "ran") == []
