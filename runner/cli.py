@@ -220,7 +220,7 @@ def run_observer(settings: Settings, task_name: str) -> RunObserver:
     except ImportError as exc:
         log.warning(
             "telemetry: an OTLP endpoint is set but OpenTelemetry is not installed "
-            "(pip install 'cron-runner[telemetry]'); running without it: %s",
+            "(pip install 'redis-cron-runner[telemetry]'); running without it: %s",
             exc,
             extra={"event": "telemetry_unavailable"},
         )
