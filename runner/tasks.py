@@ -157,7 +157,7 @@ def _working_directory_on_path() -> str | None:
     ``sys.path`` starts at its own bin/, so ``./hello_tasks.py`` was not found. Last, not
     first as with ``python -m``: an installed package of the same name still wins."""
     try:
-        cwd = os.getcwd()
+        cwd = os.getcwd()  # noqa: PTH109 - a str for sys.path, and Path adds an import
     except OSError:  # the directory was removed under us
         return None
     if cwd not in sys.path and "" not in sys.path:

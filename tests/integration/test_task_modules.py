@@ -11,14 +11,14 @@ from pathlib import Path
 from runner.errors import ConfigError, StoreUnavailable
 from tests.helpers.proc import CRON_RUNNER
 
-HELLO = '''
+HELLO = """
 from runner import RunContext, task
 
 
 @task("hello")
 def hello(ctx: RunContext) -> None:
     print("hello from", ctx.task)
-'''
+"""
 
 
 def cron_runner(args: list[str], cwd: Path, **env: str) -> subprocess.CompletedProcess[str]:
