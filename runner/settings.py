@@ -347,11 +347,18 @@ def _lease(src: _Source) -> LeaseSettings:
         raise ConfigError(
             f"{holder_origin}={holder!r} is not valid: expected at most 253 characters, no spaces"
         )
+    holder = holder or default_holder()
+    # The cluster (or site) goes in front of the holder, so the lease, every run's log lines
+    # and records, `status` and `history` say which of several clusters ran a slot.
+    cluster_name, cluster_origin = src.get("CLUSTER_NAME")
+    if cluster_name is not None:
+        validate_name(cluster_origin, cluster_name)
+        holder = f"{cluster_name}/{holder}"
     return LeaseSettings(
         ttl_s=ttl_s,
         prefix=prefix or DEFAULTS.lease.prefix,
         scope=scope or DEFAULTS.lease.scope,
-        holder=holder or default_holder(),
+        holder=holder,
         slot_retention_s=(
             src.duration("SLOT_RETENTION", 0.0, minimum_s=60.0)
             if src.get("SLOT_RETENTION")[0] is not None
