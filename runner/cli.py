@@ -45,6 +45,7 @@ ENVIRONMENT = """environment (flags win over variables):
   CRON_RUNNER_TASK_MODULES       modules to import so their @task functions register
   CRON_RUNNER_HOLDER, _SCOPE     holder id (default host:pid) and key scope (default 'default')
   CRON_RUNNER_CLUSTER_NAME       the cluster or site, shown before the holder: CLUSTER/HOLDER
+  CRON_RUNNER_HISTORY_LENGTH     runs kept in each task's history (default 1000, about 100 B each)
   CRON_RUNNER_LOG_FORMAT, _LEVEL json or text; debug, info, warning, error
   CRON_RUNNER_MODE               run, or enqueue (queue mode; then CRON_RUNNER_QUEUE, _RETRIES_MAX,
                                  _RETRIES_MIN_BACKOFF, _RETRIES_MAX_BACKOFF, _TIME_LIMIT apply)

@@ -172,6 +172,7 @@ class Execution:
             self.keys,
             new_token(settings.lease.holder),
             ttl_ms=settings.lease.ttl_ms,
+            runs_maxlen=settings.lease.history_length,
         )
         self.log: RunLogger = run_logger(task_name, settings.lease.holder)
         self.where = settings.redis.display_target

@@ -80,6 +80,8 @@ class LeaseSettings(NamedTuple):
     scope: str = "default"
     holder: str = ""
     slot_retention_s: float | None = None
+    # Runs kept in a task's history stream (about 100 bytes each: docs/operating.md, Sizing).
+    history_length: int = 1000
 
     @property
     def ttl_ms(self) -> int:
@@ -354,6 +356,12 @@ def _lease(src: _Source) -> LeaseSettings:
     if cluster_name is not None:
         validate_name(cluster_origin, cluster_name)
         holder = f"{cluster_name}/{holder}"
+    history_raw, history_origin = src.get("HISTORY_LENGTH")
+    if history_raw is not None and not (_whole_number(history_raw) and int(history_raw) >= 100):
+        raise ConfigError(
+            f"{history_origin}={history_raw!r} is not valid: expected a whole number of runs, "
+            "at least 100 (Redis trims a stream 100 entries at a time)"
+        )
     return LeaseSettings(
         ttl_s=ttl_s,
         prefix=prefix or DEFAULTS.lease.prefix,
@@ -364,6 +372,7 @@ def _lease(src: _Source) -> LeaseSettings:
             if src.get("SLOT_RETENTION")[0] is not None
             else None
         ),
+        history_length=int(history_raw or DEFAULTS.lease.history_length),
     )
 
 

@@ -102,3 +102,26 @@ def test_text_logs_show_the_slot_as_a_time(redis_server: RedisServer) -> None:
     assert len(slots) == 1
     (slot,) = slots
     assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d[05]:00Z", slot), slot
+
+
+def test_the_history_length_caps_each_task_s_run_stream(redis_server: RedisServer) -> None:
+    # docs/operating.md sizes the stream at about 100 bytes a run: this is the knob that caps it.
+    from runner import store  # noqa: PLC0415
+    from runner.execution import Execution, Shutdown  # noqa: PLC0415
+    from runner.keys import TaskKeys  # noqa: PLC0415
+    from runner.settings import load_settings  # noqa: PLC0415
+    from runner.targets import CommandTarget  # noqa: PLC0415
+
+    settings = load_settings(
+        {"CRON_RUNNER_REDIS_URL": redis_server.url, "CRON_RUNNER_HISTORY_LENGTH": "100"}
+    )
+    client = store.connect(settings.redis, settings.lease.ttl_s)
+    try:
+        for _ in range(350):
+            run_ = Execution(settings, client, "capped", CommandTarget(["true"]), Shutdown())
+            assert run_.run().exit_code == 0
+        length = client.xlen(TaskKeys("cron-runner", "default", "capped").runs)
+    finally:
+        client.close()
+    # MAXLEN ~ trims whole stream nodes (100 entries each): never more than one node over.
+    assert 100 <= length < 200
