@@ -23,7 +23,7 @@ COPY runner ./runner
 RUN python3 -m venv /opt/cron-runner \
  && /opt/cron-runner/bin/pip wheel --no-deps --wheel-dir /wheels . \
  && /opt/cron-runner/bin/pip install --constraint constraints.txt \
-        "$(echo /wheels/cron_runner-*.whl)[${EXTRAS}]" \
+        "$(echo /wheels/redis_cron_runner-*.whl)[${EXTRAS}]" \
  && /opt/cron-runner/bin/pip uninstall --yes --quiet setuptools \
  && /opt/cron-runner/bin/python -m compileall -q --invalidation-mode unchecked-hash \
         /opt/cron-runner/lib

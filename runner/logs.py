@@ -44,9 +44,19 @@ class JsonFormatter(logging.Formatter):
         return json.dumps(line, default=str)
 
 
+def _text_value(key: str, value: Any) -> Any:
+    # For people: a slot as the time it stands for, as status and history show it. JSON keeps
+    # epoch seconds, which queries compare as numbers.
+    if key == "slot" and isinstance(value, int) and not isinstance(value, bool):
+        return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(value))
+    return value
+
+
 class TextFormatter(logging.Formatter):
     def format(self, record: logging.LogRecord) -> str:
-        fields = " ".join(f"{k}={v}" for k, v in _fields(record).items() if k != "event")
+        fields = " ".join(
+            f"{k}={_text_value(k, v)}" for k, v in _fields(record).items() if k != "event"
+        )
         text = f"{_utc(record.created)} {record.levelname:<7} {record.getMessage()}"
         if fields:
             text += f"  {fields}"

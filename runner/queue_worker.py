@@ -329,7 +329,13 @@ class Actors:
             state["last_failure_outcome"] = outcome
             state["last_failure_exit_code"] = code
         try:
-            Lease(self.record_client, keys, "", ttl_ms=1000).record(record, state, fenced=False)
+            Lease(
+                self.record_client,
+                keys,
+                "",
+                ttl_ms=1000,
+                runs_maxlen=lease_settings.history_length,
+            ).record(record, state, fenced=False)
         except RedisError as exc:
             logger.warning(f"could not record the run: {exc}", extra={"event": "record_failed"})
 

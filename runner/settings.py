@@ -90,6 +90,9 @@ class LeaseSettings(NamedTuple):
     def held_wait(self) -> float:
         return self.held_wait_s if self.held_wait_s is not None else self.ttl_s + 10.0
 
+    # Runs kept in a task's history stream (about 100 bytes each: docs/operating.md, Sizing).
+    history_length: int = 1000
+
     @property
     def ttl_ms(self) -> int:
         return int(self.ttl_s * 1000)
@@ -359,11 +362,24 @@ def _lease(src: _Source) -> LeaseSettings:
         raise ConfigError(
             f"{holder_origin}={holder!r} is not valid: expected at most 253 characters, no spaces"
         )
+    holder = holder or default_holder()
+    # The cluster (or site) goes in front of the holder, so the lease, every run's log lines
+    # and records, `status` and `history` say which of several clusters ran a slot.
+    cluster_name, cluster_origin = src.get("CLUSTER_NAME")
+    if cluster_name is not None:
+        validate_name(cluster_origin, cluster_name)
+        holder = f"{cluster_name}/{holder}"
+    history_raw, history_origin = src.get("HISTORY_LENGTH")
+    if history_raw is not None and not (_whole_number(history_raw) and int(history_raw) >= 100):
+        raise ConfigError(
+            f"{history_origin}={history_raw!r} is not valid: expected a whole number of runs, "
+            "at least 100 (Redis trims a stream 100 entries at a time)"
+        )
     return LeaseSettings(
         ttl_s=ttl_s,
         prefix=prefix or DEFAULTS.lease.prefix,
         scope=scope or DEFAULTS.lease.scope,
-        holder=holder or default_holder(),
+        holder=holder,
         slot_retention_s=(
             src.duration("SLOT_RETENTION", 0.0, minimum_s=60.0)
             if src.get("SLOT_RETENTION")[0] is not None
@@ -373,6 +389,7 @@ def _lease(src: _Source) -> LeaseSettings:
             src.duration("HELD_WAIT", 0.0) if src.get("HELD_WAIT")[0] is not None else None
         ),
         redefine=src.boolean("REDEFINE", False),
+        history_length=int(history_raw or DEFAULTS.lease.history_length),
     )
 
 

@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import importlib
 import logging
+import os
 import re
+import sys
 import threading
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
@@ -150,9 +152,31 @@ def _marked(module: ModuleType) -> Iterable[tuple[str, TaskFn]]:
             yield name, value
 
 
+def _working_directory_on_path() -> str | None:
+    """Make the working directory importable, as ``python -m`` does: a console script's
+    ``sys.path`` starts at its own bin/, so ``./hello_tasks.py`` was not found. Last, not
+    first as with ``python -m``: an installed package of the same name still wins."""
+    try:
+        cwd = os.getcwd()  # noqa: PTH109 - a str for sys.path, and Path adds an import
+    except OSError:  # the directory was removed under us
+        return None
+    if cwd not in sys.path and "" not in sys.path:
+        sys.path.append(cwd)
+    return cwd
+
+
 def _import(module_name: str, origin: str) -> ModuleType:
+    cwd = _working_directory_on_path()
     try:
         return importlib.import_module(module_name)
+    except ModuleNotFoundError as exc:
+        hint = ""
+        if exc.name == module_name.partition(".")[0]:
+            hint = (
+                f" (searched the working directory {cwd} and sys.path: run from the directory "
+                "that holds it, or set PYTHONPATH to that directory, or install its package)"
+            )
+        raise ConfigError(f"{origin}: cannot import module {module_name!r}: {exc}{hint}") from exc
     except (ImportError, TypeError, ValueError) as exc:  # '..' is a relative import: TypeError
         raise ConfigError(f"{origin}: cannot import module {module_name!r}: {exc}") from exc
 

@@ -14,7 +14,7 @@ from contextlib import contextmanager
 from typing import Any
 
 from runner import clock
-from runner.errors import ConfigError, StoreUnavailable
+from runner.errors import ConfigError, StoreUnavailable, UnknownTask
 from runner.settings import Settings, parse_duration
 
 AddFlags = Callable[[argparse.ArgumentParser, Sequence[str]], None]
@@ -78,7 +78,12 @@ def add_commands(sub: Any, add_flags: AddFlags) -> None:
         help="each task's lease holder, last runs, next slot and whether it is overdue",
         description="Without TASK, every task of the scope that has run or holds a lease.",
     )
-    p.add_argument("task", nargs="?", metavar="TASK")
+    p.add_argument(
+        "task",
+        nargs="?",
+        metavar="TASK",
+        help="one task (its --name, or the chart's task key); one never seen: exit 78",
+    )
     _output_flag(p)
     p.add_argument("--tolerance", type=_duration, default=DEFAULT_TOLERANCE, help=TOLERANCE_HELP)
     add_flags(p, ("CONNECT_TIMEOUT",))
@@ -87,7 +92,7 @@ def add_commands(sub: Any, add_flags: AddFlags) -> None:
     p = sub.add_parser(
         "history", help="a task's recorded runs, newest first", description="From the run stream."
     )
-    p.add_argument("task", metavar="TASK")
+    p.add_argument("task", metavar="TASK", help="the task (its --name, or the chart's task key)")
     p.add_argument("-n", type=int, default=20, metavar="N", help="how many runs (default 20)")
     _output_flag(p)
     add_flags(p, ("CONNECT_TIMEOUT",))
@@ -186,6 +191,26 @@ def cmd_check(args: argparse.Namespace, settings: Settings) -> int:
     return Check(settings, sys.stdout).run(strict=args.strict)
 
 
+def _known(status: Any) -> bool:
+    """Ran, runs, or is expected by the watchdog: anything but a name Redis has never seen."""
+    return (
+        status.holder is not None
+        or status.last_run_at is not None
+        or status.schedule is not None
+        or status.last_slot is not None
+    )
+
+
+def _registered(settings: Settings, task: str) -> bool:
+    """A task of CRON_RUNNER_TASK_MODULES or the entry points: known, even before it runs."""
+    from runner.tasks import Registry  # noqa: PLC0415
+
+    try:
+        return task in Registry.discover(settings.run.task_modules).names()
+    except ConfigError:  # status is a read: tasks that cannot be imported here are not its job
+        return False
+
+
 def cmd_status(args: argparse.Namespace, settings: Settings) -> int:
     import dataclasses  # noqa: PLC0415
 
@@ -203,6 +228,15 @@ def cmd_status(args: argparse.Namespace, settings: Settings) -> int:
         names = [args.task] if args.task else reader.tasks()
         statuses = [reader.status(n, now_s=now_s, tolerance_s=args.tolerance) for n in names]
         queues = queue.status_for(client, settings, args.task)
+        if args.task and not (_known(statuses[0]) or queues or _registered(settings, args.task)):
+            # A typo, or another scope or prefix: an empty "free, never" row would hide both.
+            known = ", ".join(reader.tasks()) or "none"
+            raise UnknownTask(
+                f"status: no task {args.task!r} in scope {lease.scope!r} (key prefix "
+                f"{lease.prefix!r}): it has never run there, holds no lease, has no queue and "
+                f"is not a registered task; known there: {known} (check the name, "
+                "CRON_RUNNER_SCOPE and CRON_RUNNER_KEY_PREFIX)"
+            )
     if args.output == "json":
         tasks = [report.status_json(s) for s in statuses]
         _write(report.dumps({"scope": lease.scope, "now": report.iso(now_s), "tasks": tasks,

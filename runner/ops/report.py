@@ -125,6 +125,8 @@ def status_table(statuses: Sequence[TaskStatus]) -> str:
             str(s.fence),
             "-" if s.schedule is None else f"{s.schedule} {s.timezone}",
             iso(s.last_slot) or "-",
+            # Who ran last: with CRON_RUNNER_CLUSTER_NAME, the cluster too (CLUSTER/HOLDER).
+            s.last_holder or "-",
             _when(s.last_success),
             _when(s.last_failure, with_outcome=True),
             iso(s.next_slot) or "-",
@@ -132,8 +134,8 @@ def status_table(statuses: Sequence[TaskStatus]) -> str:
         ]
         for s in statuses
     ]
-    headers = ["TASK", "LEASE", "FENCE", "SCHEDULE", "LAST SLOT", "LAST SUCCESS",
-               "LAST FAILURE", "NEXT SLOT", "OVERDUE"]  # fmt: skip
+    headers = ["TASK", "LEASE", "FENCE", "SCHEDULE", "LAST SLOT", "LAST HOLDER",
+               "LAST SUCCESS", "LAST FAILURE", "NEXT SLOT", "OVERDUE"]  # fmt: skip
     return table(headers, rows)
 
 

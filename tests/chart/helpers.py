@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -45,14 +46,26 @@ def ci_values(name: str) -> dict[str, Any]:
     return values
 
 
+# What Helm's discovery of a cluster lists for the kinds the chart renders (an offline render
+# lists groups only). `lookup` still finds nothing: a first `helm install`.
+CLUSTER_API_VERSIONS = ["v1/Secret", "v1/Service", "v1/ConfigMap", "v1/ServiceAccount",
+                        "apps/v1/StatefulSet", "apps/v1/Deployment", "batch/v1/CronJob"]  # fmt: skip
+
+
 def render(
     chart: Chart,
     values: dict[str, Any],
     *,
     name: str = RELEASE,
     namespace: str = NAMESPACE,
+    helm_install: bool = False,
 ) -> Rendered:
-    out = chart.render(values, name=name, namespace=namespace)
+    """Offline, as `helm template` renders; with ``helm_install``, as `helm install` does
+    against a cluster that has none of the release's objects yet."""
+    if helm_install:
+        out = render_with_api_versions(chart, values, name, namespace, CLUSTER_API_VERSIONS)
+    else:
+        out = chart.render(values, name=name, namespace=namespace)
     docs: list[Manifest] = []
     notes = ""
     for path, text in out.items():
@@ -86,3 +99,17 @@ def env_of(c: Manifest) -> dict[str, Manifest]:
     names = [e["name"] for e in c.get("env", [])]
     assert len(names) == len(set(names)), f"duplicate env names in {names}"
     return {e["name"]: e for e in c.get("env", [])}
+
+
+def render_with_api_versions(
+    chart: Chart, values: dict[str, Any], name: str, namespace: str, api_versions: list[str]
+) -> dict[str, str]:
+    # helm-python-sdk's render() does not pass api_versions, which its native call takes.
+    from helm_python import _native  # noqa: PLC0415
+
+    opts = {"name": name, "namespace": namespace, "api_versions": api_versions}
+    raw = chart._raw()
+    out: dict[str, str] = json.loads(
+        _native.call_string("helm_render", raw, json.dumps(values), json.dumps(opts))
+    )
+    return out

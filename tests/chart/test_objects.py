@@ -9,12 +9,14 @@ from typing import Any
 
 import helm_python
 import pytest
+import yaml
 from helm_python.chart import Chart
 
 from tests.chart.helpers import (
     CI_FILES,
     NAMESPACE,
     RELEASE,
+    ROOT,
     Manifest,
     Rendered,
     ci_values,
@@ -23,6 +25,7 @@ from tests.chart.helpers import (
     pod_spec,
     render,
 )
+from tests.chart.test_matrix import KUBE_VERSIONS, schema_errors
 
 THREE = "02-three-tasks-overrides-values.yaml"
 JOB_NAME_FIELD = "metadata.labels['batch.kubernetes.io/job-name']"
@@ -179,7 +182,9 @@ def test_env_contract_is_complete_in_every_cronjob(chart: Chart) -> None:
             assert set(env) >= CONTRACT, (name, task, CONTRACT - set(env))
             assert field_ref(env["CRON_RUNNER_JOB_NAME"]) == JOB_NAME_FIELD
             assert field_ref(env["CRON_RUNNER_HOLDER"]) == "metadata.name"
-            assert field_ref(env["CRON_RUNNER_SCOPE"]) == "metadata.namespace"
+            # The namespace, unless runner.scope names one (06: "billing").
+            scope = env["CRON_RUNNER_SCOPE"]
+            assert scope.get("value") == "billing" or field_ref(scope) == "metadata.namespace"
             assert env["CRON_RUNNER_CRONJOB_NAME"]["value"] == cj["metadata"]["name"]
             assert env["CRON_RUNNER_SCHEDULE"]["value"] == cj["spec"]["schedule"]
             assert env["CRON_RUNNER_TIMEZONE"]["value"] == cj["spec"].get("timeZone", "UTC")
@@ -258,9 +263,11 @@ def test_telemetry_env_only_when_configured(chart: Chart) -> None:
     attrs = dict(kv.split("=", 1) for kv in env["OTEL_RESOURCE_ATTRIBUTES"]["value"].split(","))
     assert attrs["k8s.cronjob.name"] == f"{RELEASE}-send-digest"
     assert attrs["team"] == "billing"
+    # The namespace itself, not the key scope, which runner.scope may set apart from it.
+    assert attrs["k8s.namespace.name"] == NAMESPACE
     # $(VAR) expands only to variables defined earlier in the list.
     order = [e["name"] for e in c["env"]]
-    for var in ("CRON_RUNNER_SCOPE", "CRON_RUNNER_HOLDER", "CRON_RUNNER_JOB_NAME"):
+    for var in ("CRON_RUNNER_HOLDER", "CRON_RUNNER_JOB_NAME"):
         assert f"$({var})" in env["OTEL_RESOURCE_ATTRIBUTES"]["value"]
         assert order.index(var) < order.index("OTEL_RESOURCE_ATTRIBUTES")
 
@@ -318,13 +325,25 @@ def test_every_pod_is_restricted(chart: Chart) -> None:
     assert checked == {"CronJob", "Pod", "StatefulSet", "Deployment"}
 
 
-def test_created_namespace_enforces_restricted(chart: Chart) -> None:
-    rendered = render(chart, ci_values("06-bundled-redis-networkpolicy-values.yaml"))
-    ns = rendered.one("Namespace", NAMESPACE)
-    labels = ns["metadata"]["labels"]
+def test_the_release_namespace_is_never_templated(chart: Chart) -> None:
+    # Helm rejects it with and without --create-namespace (helm/helm#5153): the chart refuses
+    # namespace.create and says how to label the namespace; manifests/ carries a labelled one.
+    for values_file in CI_FILES:
+        assert not render(chart, ci_values(values_file.name)).of_kind("Namespace")
+    with pytest.raises(helm_python.HelmRenderError) as info:
+        render(chart, {"redis": {"host": "r"}, "namespace": {"create": True}})
+    message = str(info.value)
+    assert "namespace.create is not supported: Helm cannot template the release's own" in message
+    assert (
+        f"kubectl label namespace {NAMESPACE} pod-security.kubernetes.io/enforce=restricted"
+        in message
+    )
+    manifests = list(yaml.safe_load_all((ROOT / "manifests" / "cron-runner.yaml").read_text()))
+    (ns,) = [d for d in manifests if d["kind"] == "Namespace"]
+    assert ns["metadata"]["name"] == NAMESPACE
     for mode in ("enforce", "audit", "warn"):
-        assert labels[f"pod-security.kubernetes.io/{mode}"] == "restricted"
-    assert not render(chart, ci_values("01-defaults-one-task-values.yaml")).of_kind("Namespace")
+        assert ns["metadata"]["labels"][f"pod-security.kubernetes.io/{mode}"] == "restricted"
+    assert manifests.index(ns) == 0, "kubectl apply creates the namespace before its objects"
 
 
 def test_dedicated_service_account(chart: Chart) -> None:
@@ -428,8 +447,15 @@ def test_schema_refuses_a_password_in_values(chart: Chart) -> None:
         render(chart, values)
 
 
+def bundled_generated() -> dict[str, Any]:
+    """06 without its own Secret: the password the chart generates on a `helm install`."""
+    values = ci_values("06-bundled-redis-networkpolicy-values.yaml")
+    del values["redis"]["auth"]
+    return values
+
+
 def test_bundled_redis(chart: Chart) -> None:
-    rendered = render(chart, ci_values("06-bundled-redis-networkpolicy-values.yaml"))
+    rendered = render(chart, bundled_generated(), helm_install=True)
     name = f"{RELEASE}-redis"
     sts = rendered.one("StatefulSet", name)
     assert sts["spec"]["replicas"] == 1
@@ -452,15 +478,25 @@ def test_bundled_redis(chart: Chart) -> None:
     checksum = sts["spec"]["template"]["metadata"]["annotations"]["checksum/config"]
     assert checksum == hashlib.sha256(conf.rstrip("\n").encode()).hexdigest()
 
-    # Offline, `lookup` finds nothing, so a password is generated; the Secret holds it.
+    # A first install: `lookup` finds no Secret, so a password is generated, once; the API
+    # server refuses to change it later (immutable), under a Redis that keeps the first.
     secret = rendered.one("Secret", name)
     password = base64.b64decode(secret["data"]["password"]).decode()
     assert len(password) >= 32
+    assert secret["immutable"] is True
     assert secret_ref(env_of(c)["REDIS_PASSWORD"]) == (name, "password")
 
     svc = rendered.one("Service", name)
     assert svc["spec"]["selector"] == sts["spec"]["selector"]["matchLabels"]
     assert svc["spec"]["selector"]["app.kubernetes.io/component"] == "bundled-redis"
+    assert svc["spec"]["type"] == "ClusterIP"
+    # The StatefulSet's governing Service is headless, as the StatefulSet API expects.
+    headless = rendered.one("Service", sts["spec"]["serviceName"])
+    assert sts["spec"]["serviceName"] == f"{name}-headless"
+    assert headless["spec"]["clusterIP"] == "None"
+    assert headless["spec"]["selector"] == sts["spec"]["selector"]["matchLabels"]
+    errors = [e for doc in rendered.docs for v in KUBE_VERSIONS for e in schema_errors(doc, v)]
+    assert errors == []
     for cj in rendered.of_kind("CronJob"):
         env = env_of(container(cj))
         assert env["CRON_RUNNER_REDIS_URL"]["value"] == f"redis://{name}.{NAMESPACE}.svc:6379/0"

@@ -14,7 +14,7 @@ import yaml
 from helm_python import HelmRenderError, HelmValuesError
 from helm_python.chart import Chart
 
-from tests.chart.helpers import CHART_DIR, render
+from tests.chart.helpers import CHART_DIR, pod_spec, render
 
 REDIS = {"host": "redis"}
 
@@ -23,7 +23,7 @@ def task_values(task: dict[str, Any], name: str = "report", **top: Any) -> dict[
     return {"redis": REDIS, "tasks": {name: task}, **top}
 
 
-def refused(chart: Chart, values: dict[str, Any], **kwargs: str) -> str:
+def refused(chart: Chart, values: dict[str, Any], **kwargs: Any) -> str:
     with pytest.raises((HelmRenderError, HelmValuesError)) as info:
         render(chart, values, **kwargs)
     return str(info.value)
@@ -83,7 +83,7 @@ def test_task_and_command_together_are_refused_by_the_template(schemaless: Chart
         (
             {"schedule": "0 2 * * *", "task": "x"},
             "bundled-redis",
-            "invalid propertyName 'bundled-redis'",
+            'task "bundled-redis": this name is reserved',
             'task "bundled-redis": this name is reserved',
         ),
         (
@@ -168,20 +168,69 @@ def test_no_top_level_additional_properties_so_it_works_as_a_subchart(chart: Cha
     assert render(chart, values).docs
 
 
-def test_templates_never_gate_on_api_versions() -> None:
+def test_templates_never_gate_objects_on_api_versions() -> None:
     # The offline render (helm-python-sdk) lists no batch/v1/CronJob: such a gate would
-    # silently drop every CronJob there (DESIGN.md, Chart).
+    # silently drop every CronJob there (DESIGN.md, Chart). The one use tells an offline render
+    # from a real install, to keep the bundled Redis's password from changing under it.
     for template in (CHART_DIR / "templates").rglob("*"):
-        if template.is_file():
+        if template.is_file() and template.name != "redis-secret.yaml":
             assert "APIVersions" not in template.read_text(), template
+    secret = (CHART_DIR / "templates" / "redis-secret.yaml").read_text()
+    assert secret.count("APIVersions") == 1
+    assert '.Capabilities.APIVersions.Has "v1/Secret"' in secret
 
 
-def test_offline_lookup_falls_back(chart: Chart) -> None:
-    values = {"redis": {"bundled": {"enabled": True}}}
-    first = render(chart, values).one("Secret")["data"]["password"]
-    second = render(chart, values).one("Secret")["data"]["password"]
-    # Nothing to look up offline: each render generates a fresh password, and none is empty.
-    assert first and second and first != second
+BUNDLED = {"redis": {"bundled": {"enabled": True}}}
+
+
+def test_an_offline_render_never_generates_the_bundled_password(chart: Chart) -> None:
+    # helm template, Argo CD, a CI render: lookup finds nothing, and a password generated here
+    # would change on every render while the running Redis keeps the first (issue 14, item 9).
+    message = refused(chart, BUNDLED)
+    assert "redis.bundled.enabled: this render cannot read the cluster" in message
+    assert (
+        "kubectl create secret generic cron-runner-redis-auth -n cron-system "
+        '--from-literal=password="$(openssl rand -hex 24)"' in message
+    )
+    assert "set redis.auth.existingSecret=cron-runner-redis-auth" in message
+
+
+def test_an_offline_render_with_an_existing_secret_is_stable(chart: Chart) -> None:
+    values = {"redis": {"bundled": {"enabled": True}, "auth": {"existingSecret": "mine"}}}
+    first, second = render(chart, values), render(chart, values)
+    assert first.docs == second.docs
+    assert not first.of_kind("Secret")
+    sts = first.one("StatefulSet")
+    refs = {e["valueFrom"]["secretKeyRef"]["name"] for e in pod_spec(sts)["containers"][0]["env"]}
+    assert refs == {"mine"}
+
+
+def test_helm_install_generates_the_bundled_password_once(chart: Chart) -> None:
+    # Against a cluster, Helm's discovery lists v1/Secret: a first install generates one (an
+    # upgrade then finds it with lookup and keeps it; helm-python-sdk cannot show that part).
+    first = render(chart, BUNDLED, helm_install=True).one("Secret")
+    second = render(chart, BUNDLED, helm_install=True).one("Secret")
+    assert first["data"]["password"] and first["immutable"] is True
+    assert first["data"]["password"] != second["data"]["password"]
+
+
+@pytest.mark.parametrize(
+    ("also", "named"),
+    [
+        ({"host": "redis.example"}, "redis.host"),
+        ({"url": "redis://redis.example:6379/0"}, "redis.url"),
+        ({"sentinel": {"enabled": True, "hosts": ["s:26379"]}}, "redis.sentinel.enabled"),
+        ({"cluster": {"enabled": True}, "host": "r"}, "redis.host, redis.cluster.enabled"),
+    ],
+    ids=["host", "url", "sentinel", "cluster"],
+)
+def test_the_bundled_redis_and_another_redis_are_refused_together(
+    chart: Chart, also: dict[str, Any], named: str
+) -> None:
+    values = {"redis": {"bundled": {"enabled": True}, **also}}
+    message = refused(chart, values)
+    assert f"redis.bundled.enabled and {named} are both set" in message
+    assert f"ignore {named}. Set one" in message
 
 
 def test_chart_metadata() -> None:

@@ -20,7 +20,7 @@ from tests.chart.helpers import (
     render,
 )
 from tests.chart.test_matrix import KUBE_VERSIONS, schema_errors
-from tests.chart.test_objects import all_renders, assert_restricted, field_ref
+from tests.chart.test_objects import all_renders, assert_restricted
 
 WATCHDOG = "cron-runner-watchdog"
 
@@ -55,7 +55,8 @@ def test_renders_valid_and_restricted_with_every_redis_shape(
     for name, var in task_env.items():
         if name.startswith("CRON_RUNNER_REDIS_") or name == "CRON_RUNNER_KEY_PREFIX":
             assert env[name] == var, name
-    assert field_ref(env["CRON_RUNNER_SCOPE"]) == "metadata.namespace"
+    # The tasks' scope: the namespace, or runner.scope where set (06).
+    assert env["CRON_RUNNER_SCOPE"] == task_env["CRON_RUNNER_SCOPE"]
     report = lint(CHART_DIR, values, strict=True, namespace=NAMESPACE)
     assert report["errors"] == []
 
@@ -117,7 +118,9 @@ def test_no_task_may_be_called_watchdog(chart: Chart) -> None:
     values["tasks"]["watchdog"] = {"schedule": "0 1 * * *", "task": "x"}
     with pytest.raises((HelmRenderError, HelmValuesError)) as info:
         render(chart, values)
-    assert "invalid propertyName 'watchdog'" in str(info.value)
+    # Not the schema's "invalid propertyName 'watchdog'": the chart says why (issue 14).
+    assert 'task "watchdog": this name is reserved: the chart\'s own pods use it' in str(info.value)
+    assert "e.g. tasks.watchdog-job with task: watchdog" in str(info.value)
 
 
 def test_runner_env_and_env_from_reach_every_pod_the_chart_runs(chart: Chart) -> None:

@@ -216,7 +216,7 @@ TASK = {"schedule": "0 2 * * *", "task": "report"}
         ),
         (
             {"tasks": {"worker": TASK}},
-            "invalid propertyName 'worker'",
+            'task "worker": this name is reserved',
             'task "worker": this name is reserved',
         ),
         (

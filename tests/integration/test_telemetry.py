@@ -321,4 +321,4 @@ def test_missing_extra_is_a_warning_not_a_failure(
     assert done.returncode == 0, done.stderr
     assert outcome(done.stderr) == "ran"
     warning = next(e for e in events(done.stderr) if e.get("event") == "telemetry_unavailable")
-    assert "cron-runner[telemetry]" in warning["msg"]
+    assert "redis-cron-runner[telemetry]" in warning["msg"]

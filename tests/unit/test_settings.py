@@ -201,3 +201,20 @@ def test_tls_files_are_loaded_when_settings_are_built(tmp_path: Path) -> None:
     for env, named in cases:
         with pytest.raises(ConfigError, match=named):
             load_settings(env)
+
+
+def test_history_length() -> None:
+    assert load_settings({}).lease.history_length == 1000
+    assert load_settings({"CRON_RUNNER_HISTORY_LENGTH": "200"}).lease.history_length == 200
+    for bad in ("99", "0", "-5", "lots", "1e3"):
+        with pytest.raises(ConfigError, match=r"CRON_RUNNER_HISTORY_LENGTH=.*at least 100"):
+            load_settings({"CRON_RUNNER_HISTORY_LENGTH": bad})
+
+
+def test_the_cluster_name_goes_before_the_holder() -> None:
+    env = {"CRON_RUNNER_HOLDER": "pod-a", "CRON_RUNNER_CLUSTER_NAME": "eu-west"}
+    assert load_settings(env).lease.holder == "eu-west/pod-a"
+    assert load_settings({"CRON_RUNNER_CLUSTER_NAME": "eu-west"}).lease.holder.startswith(
+        "eu-west/"
+    )
+    assert load_settings({"CRON_RUNNER_HOLDER": "pod-a"}).lease.holder == "pod-a"

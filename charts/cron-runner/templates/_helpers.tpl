@@ -272,17 +272,48 @@ Takes (dict "env" LIST "maps" (list MAP...)).
 {{- end }}
 
 {{/*
+Who a pod is and which keys it shares, as a JSON list of EnvVars: the holder (the pod's name,
+behind the cluster's name when runner.clusterName is set) and the key scope (runner.scope,
+else the release namespace). Clusters that share a Redis run a task once only if prefix,
+scope and task key match.
+*/}}
+{{- define "cron-runner.identityEnv" -}}
+{{- $runner := .Values.runner }}
+{{- $env := list (dict "name" "CRON_RUNNER_HOLDER" "valueFrom" (dict "fieldRef" (dict "fieldPath" "metadata.name"))) }}
+{{- if $runner.scope }}
+{{- $env = append $env (dict "name" "CRON_RUNNER_SCOPE" "value" (toString $runner.scope)) }}
+{{- else }}
+{{- $env = append $env (dict "name" "CRON_RUNNER_SCOPE" "valueFrom" (dict "fieldRef" (dict "fieldPath" "metadata.namespace"))) }}
+{{- end }}
+{{- if $runner.clusterName }}
+{{- $env = append $env (dict "name" "CRON_RUNNER_CLUSTER_NAME" "value" (toString $runner.clusterName)) }}
+{{- end }}
+{{- $env | toJson }}
+{{- end }}
+
+{{/* The key scope and prefix as NOTES shows them: runner.env, where set, wins (mergeEnv). */}}
+{{- define "cron-runner.scope" -}}
+{{- $env := default dict .Values.runner.env }}
+{{- if kindIs "string" $env.CRON_RUNNER_SCOPE }}{{ $env.CRON_RUNNER_SCOPE }}
+{{- else }}{{ default (include "cron-runner.namespace" .) .Values.runner.scope }}{{ end }}
+{{- end }}
+
+{{- define "cron-runner.keyPrefix" -}}
+{{- $env := default dict .Values.runner.env }}
+{{- if kindIs "string" $env.CRON_RUNNER_KEY_PREFIX }}{{ $env.CRON_RUNNER_KEY_PREFIX }}
+{{- else }}{{ default "cron-runner" .Values.runner.keyPrefix }}{{ end }}
+{{- end }}
+
+{{/*
 The env of the pods that only read or check (the watchdog, the helm test): identity, scope,
 logging and Redis, with runner.env over them, as a JSON list.
 */}}
 {{- define "cron-runner.opsEnv" -}}
 {{- $runner := .Values.runner }}
-{{- $env := list
-  (dict "name" "CRON_RUNNER_HOLDER" "valueFrom" (dict "fieldRef" (dict "fieldPath" "metadata.name")))
-  (dict "name" "CRON_RUNNER_SCOPE" "valueFrom" (dict "fieldRef" (dict "fieldPath" "metadata.namespace")))
+{{- $env := concat (include "cron-runner.identityEnv" . | fromJsonArray) (list
   (dict "name" "CRON_RUNNER_LOG_FORMAT" "value" (toString $runner.logFormat))
   (dict "name" "CRON_RUNNER_LOG_LEVEL" "value" (toString $runner.logLevel))
-}}
+) }}
 {{- range $pair := list (list "CRON_RUNNER_KEY_PREFIX" $runner.keyPrefix) (list "CRON_RUNNER_CONNECT_TIMEOUT" $runner.connectTimeout) }}
 {{- if index $pair 1 }}
 {{- $env = append $env (dict "name" (index $pair 0) "value" (toString (index $pair 1))) }}
@@ -323,7 +354,7 @@ Call with (dict "root" $ "task" $task).
 {{- fail (printf "task %q: a task name must be a DNS label (lower-case letters, digits and '-', starting and ending with a letter or digit)" $name) }}
 {{- end }}
 {{- if has $name (include "cron-runner.reservedComponents" .root | fromJsonArray) }}
-{{- fail (printf "task %q: this name is reserved for the chart's own pods; choose another" $name) }}
+{{- fail (printf "task %q: this name is reserved: the chart's own pods use it (%s, as app.kubernetes.io/component); choose another key: a registered task of that name still runs, e.g. tasks.%s-job with task: %s" $name (include "cron-runner.reservedComponents" .root | fromJsonArray | join ", ") $name $name) }}
 {{- end }}
 {{- if not (kindIs "map" $task) }}
 {{- fail (printf "task %q: expected a map with at least schedule and task or command" $name) }}
@@ -393,7 +424,7 @@ Call with (dict "root" $ "cronjob" $cronjobName).
 {{- if $t.serviceName }}
 {{- $env = append $env (dict "name" "OTEL_SERVICE_NAME" "value" (toString $t.serviceName)) }}
 {{- end }}
-{{- $attrs := list "k8s.namespace.name=$(CRON_RUNNER_SCOPE)" "k8s.pod.name=$(CRON_RUNNER_HOLDER)" (printf "k8s.cronjob.name=%s" .cronjob) "k8s.job.name=$(CRON_RUNNER_JOB_NAME)" }}
+{{- $attrs := list (printf "k8s.namespace.name=%s" (include "cron-runner.namespace" .root)) "k8s.pod.name=$(CRON_RUNNER_HOLDER)" (printf "k8s.cronjob.name=%s" .cronjob) "k8s.job.name=$(CRON_RUNNER_JOB_NAME)" }}
 {{- range $k := keys (default dict $t.resourceAttributes) | sortAlpha }}
 {{- $attrs = append $attrs (printf "%s=%s" $k (toString (index $t.resourceAttributes $k))) }}
 {{- end }}
