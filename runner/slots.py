@@ -33,8 +33,6 @@ import math
 import re
 import threading
 from bisect import bisect_right
-from calendar import monthrange
-from collections.abc import Sequence
 from datetime import UTC, date, datetime
 from functools import cache
 from typing import TYPE_CHECKING, Final
@@ -44,7 +42,7 @@ from runner.errors import ConfigError
 if TYPE_CHECKING:
     from zoneinfo import ZoneInfo
 
-    from croniter import croniter
+    from runner.cronexpr import CronSpec
 
 # ---------------------------------------------------------------------------------------------
 # Job names
@@ -107,71 +105,15 @@ def job_name_for(cronjob_name: str, slot_s: int) -> str:
 
 CRON_FORM: Final = (
     "expected 5 fields: minute hour day-of-month month day-of-week, e.g. '*/5 * * * *', "
-    "or one of @hourly, @daily, @midnight, @weekly, @monthly, @yearly, @annually"
+    "or one of @hourly, @daily, @midnight, @weekly, @monthly, @yearly, @annually "
+    "(the Kubernetes CronJob schedule language, docs/design.md)"
 )
 TZ_FORM: Final = "expected an IANA name such as 'UTC' or 'Europe/Berlin'"
-
-_MACROS: Final = {
-    "@yearly": "0 0 1 1 *",
-    "@annually": "0 0 1 1 *",
-    "@monthly": "0 0 1 * *",
-    "@weekly": "0 0 * * 0",
-    "@daily": "0 0 * * *",
-    "@midnight": "0 0 * * *",
-    "@hourly": "0 * * * *",
-}
-_MONTH_NAMES: Final = ("jan", "feb", "mar", "apr", "may", "jun",
-                       "jul", "aug", "sep", "oct", "nov", "dec")  # fmt: skip
-_DOW_NAMES: Final = ("sun", "mon", "tue", "wed", "thu", "fri", "sat")
-
-
-class _Field:
-    def __init__(self, name: str, low: int, high: int, names: tuple[str, ...] = ()) -> None:
-        self.name = name
-        self.low = low
-        self.high = high
-        self.names = {n: i + low for i, n in enumerate(names)}
-        value = "|".join(["[0-9]+", *names])
-        item = rf"(?:\*|(?:{value})(?:-(?:{value}))?)(?:/[0-9]+)?"
-        self.pattern = re.compile(rf"{item}(?:,{item})*\Z", re.ASCII | re.IGNORECASE)
-        self.question_mark = name in ("day-of-month", "day-of-week")
-
-    def value(self, text: str) -> int:
-        return int(text) if text.isdigit() else self.names[text.lower()]
-
-    def check(self, text: str) -> str | None:
-        """Why ``text`` is not a valid field, or None. Ranges must run forwards and stay in bounds."""
-        if self.question_mark and text == "?":
-            return None
-        if not self.pattern.match(text):
-            return f"{self.name} field {text!r} is not valid"
-        for item in text.split(","):
-            range_part, _, step = item.partition("/")
-            if step and int(step) == 0:
-                return f"{self.name} field {text!r} has a step of 0"
-            if range_part == "*":
-                continue
-            low_text, _, high_text = range_part.partition("-")
-            low = self.value(low_text)
-            high = self.value(high_text) if high_text else low
-            for v in (low, high):
-                if not self.low <= v <= self.high:
-                    return f"{self.name} field {text!r}: {v} is out of range {self.low}-{self.high}"
-            if low > high:
-                return f"{self.name} field {text!r}: the range {range_part} runs backwards"
-        return None
-
-
-@cache
-def _fields() -> tuple[_Field, ...]:
-    # Built on first use: compiling the patterns is a measurable part of a cold start.
-    return (
-        _Field("minute", 0, 59),
-        _Field("hour", 0, 23),
-        _Field("day-of-month", 1, 31),
-        _Field("month", 1, 12, _MONTH_NAMES),
-        _Field("day-of-week", 0, 7, _DOW_NAMES),
-    )
+EVERY_REASON: Final = (
+    "@every counts from when the CronJob was created or last scheduled, which only the "
+    "Kubernetes controller knows, so a runner outside a CronJob cannot compute its slots; "
+    "write the schedule in 5 fields (e.g. '@every 1h' as '0 * * * *')"
+)
 
 
 _DAY_S: Final = 86_400
@@ -190,7 +132,8 @@ _WINDOW_END_S: Final = int(datetime(2049, 1, 1, tzinfo=UTC).timestamp())
 # has, including the 4 years of a Feb-29 schedule. (Across 2100 that gap is 8 years; ignored.)
 _CALENDAR_YEARS: Final = range(2001, 2034)
 # No schedule accepted here fires less often than every 8 years; further means it never fires.
-_MAX_SEARCH_S: Final = 10 * 366 * _DAY_S
+_MAX_SEARCH_DAYS: Final = 10 * 366
+_MAX_SEARCH_S: Final = _MAX_SEARCH_DAYS * _DAY_S
 _LATEST_S: Final = int(datetime(4000, 1, 1, tzinfo=UTC).timestamp())
 # The gap that spans an offset change of an every-day or weekday schedule is at most 8 days, so
 # only another change closer than this can make two changes that look alike give other gaps.
@@ -209,25 +152,23 @@ _cache: dict[tuple[str, str, float], Schedule] = {}
 _cache_lock = threading.Lock()
 
 
-def _normalise(expr: str) -> str:
+def _spec(expr: str) -> CronSpec:
+    from runner import cronexpr  # noqa: PLC0415 - start-up cost: not on the Job-name path
+
     def bad(reason: str) -> ConfigError:
         return ConfigError(f"bad cron expression {expr!r}: {reason}; {CRON_FORM}")
 
-    text = expr.strip()
-    if text.startswith("@"):
-        macro = _MACROS.get(text.lower())
-        if macro is None:
-            raise bad(f"unknown macro {text!r}")
-        return macro
-    fields = text.split()
-    if len(fields) != 5:
-        extra = " (a seconds or year field is not supported)" if len(fields) in (6, 7) else ""
-        raise bad(f"it has {len(fields)} fields{extra}")
-    for spec, field in zip(_fields(), fields, strict=True):
-        reason = spec.check(field)
-        if reason is not None:
-            raise bad(reason)
-    return " ".join(fields)
+    try:
+        spec = cronexpr.parse(expr)
+    except cronexpr.CronSyntaxError as exc:
+        raise bad(str(exc)) from exc
+    if isinstance(spec, cronexpr.Every):
+        raise bad(EVERY_REASON)
+    if not spec.times_of_day() or not spec.months:
+        # ParseStandard accepts an empty list (','), which matches nothing: robfig's Next
+        # gives up after five years. There is no slot to run, so say so now.
+        raise bad("no time ever matches (an empty field)")
+    return spec
 
 
 def _zone(tz: str) -> ZoneInfo:
@@ -245,10 +186,6 @@ def _instant(t_s: float) -> float:
     if not (math.isfinite(t_s) and 0 <= t_s < _LATEST_S):
         raise ValueError(f"time {t_s!r} is not epoch seconds between 1970 and the year 4000")
     return t_s
-
-
-def _values(field: Sequence[int | str], low: int, high: int) -> list[int]:
-    return list(range(low, high + 1)) if field == ["*"] else sorted({int(v) for v in field})
 
 
 class Schedule:
@@ -281,15 +218,16 @@ class Schedule:
     max_gap_s: float
 
     def __init__(
-        self, expr: str, tz: str, tolerance_s: float, zone: ZoneInfo, cron: croniter
+        self, expr: str, tz: str, tolerance_s: float, zone: ZoneInfo, spec: CronSpec
     ) -> None:
         self.expr = expr
         self.tz = tz
         self.tolerance_s = tolerance_s
         self._zone = zone
-        self._cron = cron
-        # croniter keeps its position in the object, so each query holds the lock.
-        self._cron_lock = threading.Lock()
+        from runner.cronexpr import Matcher  # noqa: PLC0415 - imported by _spec already
+
+        self._spec = spec
+        self._matcher = Matcher(spec)
         self._transitions = self._scan_transitions(_WINDOW_START_S, _WINDOW_END_S)
         self.min_gap_s, self.max_gap_s = self._gaps()
 
@@ -313,19 +251,13 @@ class Schedule:
 
     @classmethod
     def _build(cls, expr: str, tz: str, tolerance_s: float) -> Schedule:
-        normalised = _normalise(expr)
+        spec = _spec(expr)
         zone = _zone(tz)
         if not (math.isfinite(tolerance_s) and tolerance_s >= 0):
             raise ConfigError(
                 f"skew tolerance {tolerance_s!r} is not valid: expected a duration >= 0 seconds"
             )
-        from croniter import CroniterError, croniter  # noqa: PLC0415 - start-up cost
-
-        try:
-            cron = croniter(normalised, start_time=0.0)
-        except CroniterError as exc:  # the field checks above should leave nothing for this
-            raise ConfigError(f"bad cron expression {expr!r}: {exc}; {CRON_FORM}") from exc
-        schedule = cls(expr, tz, tolerance_s, zone, cron)
+        schedule = cls(expr, tz, tolerance_s, zone, spec)
         if tolerance_s >= schedule.min_gap_s / 2:
             raise ToleranceTooLarge(
                 f"skew tolerance {tolerance_s:g}s is too large for schedule {expr!r} in {tz}: "
@@ -394,13 +326,14 @@ class Schedule:
 
     def _cron_prev_wall(self, wall: int) -> int:
         """The latest matching wall time <= ``wall`` (naive seconds, read as if UTC)."""
-        with self._cron_lock:
-            return int(self._cron.get_prev(float, start_time=float(wall + 1)))
+        found = self._matcher.previous_at_or_before(wall, _MAX_SEARCH_DAYS)
+        # None: nothing within the search limit; a time that far away ends the search.
+        return wall - 2 * _MAX_SEARCH_S if found is None else found
 
     def _cron_next_wall(self, wall: int) -> int:
         """The earliest matching wall time >= ``wall``."""
-        with self._cron_lock:
-            return int(self._cron.get_next(float, start_time=float(wall - 1)))
+        found = self._matcher.next_at_or_after(wall, _MAX_SEARCH_DAYS)
+        return wall + 2 * _MAX_SEARCH_S if found is None else found
 
     def _offset(self, t: int) -> int:
         delta = datetime.fromtimestamp(t, self._zone).utcoffset()
@@ -462,35 +395,26 @@ class Schedule:
     # -- gaps ---------------------------------------------------------------------------------
 
     def _gaps(self) -> tuple[float, float]:
-        minute, hour, dom, month, dow = self._cron.expanded[:5]
-        times_s = [h * 3600 + m * 60 for h in _values(hour, 0, 23) for m in _values(minute, 0, 59)]
+        times_s = [minute * 60 for minute in self._spec.times_of_day()]
         gaps = {b - a for a, b in itertools.pairwise(times_s)}
         span_s = times_s[-1] - times_s[0]
-        gaps |= {days * _DAY_S - span_s for days in self._day_gaps(dom, month, dow)}
-        gaps |= self._gaps_across_offset_changes(dom == ["*"] and month == ["*"], dow != ["*"])
+        gaps |= {days * _DAY_S - span_s for days in self._day_gaps()}
+        weekdays = self._spec.weekdays_only()
+        gaps |= self._gaps_across_offset_changes(
+            weekdays is not None, weekdays is not None and len(weekdays) < 7
+        )
         return float(min(gaps)), float(max(gaps))
 
-    def _day_gaps(
-        self, dom: Sequence[int | str], month: Sequence[int | str], dow: Sequence[int | str]
-    ) -> set[int]:
-        """Gaps, in days, between consecutive days that match (croniter's day semantics)."""
-        dows = set(_values(dow, 0, 6))
-        if dom == ["*"] and month == ["*"]:
-            weekdays = sorted(dows)
-            return {b - a for a, b in zip(weekdays, [*weekdays[1:], weekdays[0] + 7], strict=True)}
-        doms = set(_values(dom, 1, 31))
-        # Like cron (and croniter): when both day fields are restricted, either one matches.
-        either = dom != ["*"] and dow != ["*"]
-        days: list[int] = []
-        for year in _CALENDAR_YEARS:
-            for m in _values(month, 1, 12):
-                first_weekday, length = monthrange(year, m)  # Monday is 0; in cron Sunday is 0
-                first = date(year, m, 1).toordinal()
-                for day in range(1, length + 1):
-                    in_dom = day in doms
-                    in_dow = (first_weekday + day) % 7 in dows
-                    if (in_dom or in_dow) if either else (in_dom and in_dow):
-                        days.append(first + day - 1)
+    def _day_gaps(self) -> set[int]:
+        """Gaps, in days, between consecutive days that match (robfig's day rule)."""
+        weekdays = self._spec.weekdays_only()
+        if weekdays is not None:
+            w = sorted(weekdays)
+            days = [*w, *(d + 7 for d in w), *(d + 14 for d in w)]
+        else:
+            first = date(_CALENDAR_YEARS[0], 1, 1).toordinal()
+            last = date(_CALENDAR_YEARS[-1], 12, 31).toordinal()
+            days = [d for d in range(first, last + 1) if self._spec.day_matches(d)]
         if len(days) < 2:
             raise ConfigError(
                 f"bad cron expression {self.expr!r}: no day ever matches (such as 30 February); "
