@@ -161,13 +161,15 @@ def test_any_job_name_parses_or_is_manual(job_name: str, cronjob_name: str | Non
         assert job_name.endswith(str(slot // 60))
 
 
-def test_the_job_name_path_does_not_import_croniter() -> None:
+def test_the_job_name_path_does_not_import_the_schedule_machinery() -> None:
     code = (
         "import sys, runner.slots as s\n"
         "assert s.slot_from_job_name('report-29579100', 'report') == 29579100 * 60\n"
-        "assert 'croniter' not in sys.modules, 'croniter imported by the Job-name path'\n"
+        "loaded = [m for m in ('croniter', 'runner.cronexpr') if m in sys.modules]\n"
+        "assert not loaded, f'imported by the Job-name path: {loaded}'\n"
         "s.Schedule.parse('*/5 * * * *')\n"
-        "assert 'croniter' in sys.modules\n"
+        "assert 'runner.cronexpr' in sys.modules\n"
+        "assert 'croniter' not in sys.modules\n"
     )
     result = subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, timeout=60
@@ -204,7 +206,7 @@ H = 3600
         ("0 9 * * MON-FRI", "America/New_York", DAY_S, 3 * DAY_S + H),
         ("0 12 * * sat,SUN", "UTC", DAY_S, 6 * DAY_S),
         ("@weekly", "UTC", 7 * DAY_S, 7 * DAY_S),
-        ("0 0 * * 7", "UTC", 7 * DAY_S, 7 * DAY_S),
+        ("0 0 * * 0", "UTC", 7 * DAY_S, 7 * DAY_S),
         ("0 0 ? * ?", "UTC", DAY_S, DAY_S),
         ("0 12 1 * 1", "UTC", DAY_S, 7 * DAY_S),  # day-of-month OR day-of-week
         ("0 0 1 * *", "UTC", 28 * DAY_S, 31 * DAY_S),
@@ -233,41 +235,51 @@ def test_parse_defaults_and_cache() -> None:
 @pytest.mark.parametrize(
     ("expr", "reason"),
     [
-        ("", "it has 0 fields"),
+        ("", "it is empty"),
+        ("   ", "it has 0 fields"),
         ("* * * *", "it has 4 fields"),
         ("0 * * * * *", "it has 6 fields (a seconds or year field is not supported)"),
         ("*/10 * * * * *", "it has 6 fields (a seconds or year field is not supported)"),
         ("0 0 0 * * * 2030", "it has 7 fields (a seconds or year field is not supported)"),
         ("* * * * * * * *", "it has 8 fields"),
         ("@reboot", "unknown macro '@reboot'"),
-        ("@every 5m", "unknown macro '@every 5m'"),
+        ("@every 5m", "@every counts from when the CronJob was created"),
+        ("@every nope", "@every: 'nope' is not a Go duration"),
+        ("@DAILY", "unknown macro '@DAILY' (macros are lower case, with no spaces)"),
+        ("@daily ", "unknown macro '@daily '"),
+        ("TZ=Europe/Berlin 0 9 * * *", "a time zone (TZ= or CRON_TZ=) inside the schedule"),
+        ("CRON_TZ=UTC 0 9 * * *", "a time zone (TZ= or CRON_TZ=) inside the schedule"),
         ("@fortnightly", "unknown macro"),
-        ("60 * * * *", "minute field '60': 60 is out of range 0-59"),
-        ("-1 * * * *", "minute field '-1' is not valid"),
-        ("* 24 * * *", "hour field '24': 24 is out of range 0-23"),
-        ("* * 0 * *", "day-of-month field '0': 0 is out of range 1-31"),
-        ("* * 32 * *", "day-of-month field '32': 32 is out of range 1-31"),
-        ("* * * 0 *", "month field '0': 0 is out of range 1-12"),
-        ("* * * 13 *", "month field '13': 13 is out of range 1-12"),
-        ("* * * * 8", "day-of-week field '8': 8 is out of range 0-7"),
-        ("*/0 * * * *", "minute field '*/0' has a step of 0"),
+        ("60 * * * *", "minute field '60': 60 is above the maximum 59 (range 0-59)"),
+        ("-1 * * * *", "minute field '-1': '' is not a number"),
+        ("* 24 * * *", "hour field '24': 24 is above the maximum 23"),
+        ("* * 0 * *", "day-of-month field '0': 0 is below the minimum 1 (range 1-31)"),
+        ("* * 32 * *", "day-of-month field '32': 32 is above the maximum 31"),
+        ("* * * 0 *", "month field '0': 0 is below the minimum 1"),
+        ("* * * 13 *", "month field '13': 13 is above the maximum 12"),
+        ("* * * * 7", "day-of-week field '7': 7 is above the maximum 6 (range 0-6)"),
+        ("* * * * 8", "day-of-week field '8': 8 is above the maximum 6"),
+        ("* * * * 5-7", "day-of-week field '5-7': 7 is above the maximum 6"),
+        ("*/0 * * * *", "minute field '*/0': a step must be a positive number"),
         ("5-1 * * * *", "minute field '5-1': the range 5-1 runs backwards"),
         ("* * * * fri-mon", "day-of-week field 'fri-mon': the range fri-mon runs backwards"),
         ("* * * dec-jan *", "runs backwards"),
-        ("* * L * *", "day-of-month field 'L' is not valid"),
-        ("* * 15W * *", "day-of-month field '15W' is not valid"),
-        ("* * * * 1#2", "day-of-week field '1#2' is not valid"),
-        ("* * * * 5L", "day-of-week field '5L' is not valid"),
-        ("H * * * *", "minute field 'H' is not valid"),
-        ("R * * * *", "minute field 'R' is not valid"),
-        ("? * * * *", "minute field '?' is not valid"),
-        ("* * * ? *", "month field '?' is not valid"),
-        ("1,,2 * * * *", "minute field '1,,2' is not valid"),
-        ("* * * * mon,", "day-of-week field 'mon,' is not valid"),
-        ("* * * foo *", "month field 'foo' is not valid"),
-        ("* * * * jan", "day-of-week field 'jan' is not valid"),
-        ("* * * mon *", "month field 'mon' is not valid"),
-        ("\uff11 * * * *", "minute field '\uff11' is not valid"),
+        ("1-2-3 * * * *", "too many hyphens in '1-2-3'"),
+        ("1/2/3 * * * *", "too many slashes in '1/2/3'"),
+        ("* * L * *", "day-of-month field 'L': 'L' is not a number"),
+        ("* * 15W * *", "day-of-month field '15W': '15W' is not a number"),
+        ("* * * * 1#2", "day-of-week field '1#2': '1#2' is neither a number nor a name"),
+        ("* * * * 5L", "day-of-week field '5L': '5L' is neither a number nor a name"),
+        ("H * * * *", "minute field 'H': 'H' is not a number"),
+        ("R * * * *", "minute field 'R': 'R' is not a number"),
+        ("* * * foo *", "month field 'foo': 'foo' is neither a number nor a name (jan, feb"),
+        ("* * * * jan", "day-of-week field 'jan': 'jan' is neither a number nor a name (sun,"),
+        ("* * * mon *", "month field 'mon': 'mon' is neither a number nor a name"),
+        ("*/x * * * *", "minute field '*/x': 'x' is not a number"),
+        ("\uff11 * * * *", "minute field '\uff11': '\uff11' is not a number"),
+        ("99999999999999999999 * * * *", "is out of range"),
+        (", 0 * * *", "no time ever matches (an empty field)"),
+        ("0 0 , * *", "no day ever matches"),
         ("0 0 30 2 *", "no day ever matches"),
         ("0 0 31 4,6,9,11 *", "no day ever matches"),
     ],
@@ -283,6 +295,145 @@ def test_bad_cron_expression(expr: str, reason: str) -> None:
         message
     )
     assert info.value.exit_code == 78
+
+
+# ---------------------------------------------------------------------------------------------
+# The schedule language of the Kubernetes controller (robfig/cron v3.0.1's ParseStandard), one
+# test per fault of issue 13. tests/schedule/test_robfig_oracle.py compares against robfig itself.
+# ---------------------------------------------------------------------------------------------
+
+
+def fires(expr: str, start: str, count: int, tz: str = "UTC") -> list[str]:
+    schedule = Schedule.parse(expr, tz, tolerance_s=0)
+    zone = ZoneInfo(tz)
+    out, t = [], at(start) - 1
+    for _ in range(count):
+        t = schedule.next_after(t)
+        out.append(datetime.fromtimestamp(t, zone).strftime("%Y-%m-%d %a %H:%M"))
+    return out
+
+
+@pytest.mark.parametrize(
+    ("expr", "expected"),
+    [
+        ("0 9 * * 1-1", ["2026-03-02 Mon 09:00", "2026-03-09 Mon 09:00", "2026-03-16 Mon 09:00"]),
+        ("0 9 * * mon-mon", ["2026-03-02 Mon 09:00", "2026-03-09 Mon 09:00", "2026-03-16 Mon 09:00"]),
+        ("0-0 * * * *", ["2026-03-01 Sun 00:00", "2026-03-01 Sun 01:00", "2026-03-01 Sun 02:00"]),
+        ("0 0 1 12-12 *", ["2026-12-01 Tue 00:00", "2027-12-01 Wed 00:00", "2028-12-01 Fri 00:00"]),
+        ("0 0 1 jan-1 *", ["2027-01-01 Fri 00:00", "2028-01-01 Sat 00:00", "2029-01-01 Mon 00:00"]),
+        ("10 0-8 29-29 2 *", ["2028-02-29 Tue 00:10", "2028-02-29 Tue 01:10", "2028-02-29 Tue 02:10"]),
+    ],
+)
+def test_a_single_value_range_is_that_value_not_a_star(expr: str, expected: list[str]) -> None:
+    assert fires(expr, "2026-03-01T00:00Z", 3) == expected
+
+
+def test_a_star_inside_a_list_is_accepted_as_every_value() -> None:
+    assert fires("*,45 * * * *", "2026-03-01T10:58Z", 3) == [
+        "2026-03-01 Sun 10:58", "2026-03-01 Sun 10:59", "2026-03-01 Sun 11:00"]  # fmt: skip
+    assert fires("0 *,3 * * *", "2026-03-01T10:58Z", 1) == ["2026-03-01 Sun 11:00"]
+
+
+@pytest.mark.parametrize(
+    ("expr", "start", "expected"),
+    [
+        # */1 keeps the star bit: both day fields must match, and every weekday does.
+        ("*/19 * 18 * MON-5,*/1", "2026-03-01T00:00Z",
+         ["2026-03-18 Wed 00:00", "2026-03-18 Wed 00:19"]),
+        ("0-51/1 2-23 28-29/2 2 */1", "2026-03-01T00:00Z",
+         ["2027-02-28 Sun 02:00", "2027-02-28 Sun 02:01"]),
+        ("0 0 18 * ?", "2026-03-01T00:00Z", ["2026-03-18 Wed 00:00", "2026-04-18 Sat 00:00"]),
+        # */2 clears it: either day field matches (the 1st, the 3rd, ... or a Monday).
+        ("0 0 */2 * 1", "2026-03-01T00:00Z", ["2026-03-01 Sun 00:00", "2026-03-02 Mon 00:00"]),
+        ("0 0 18 * */2", "2026-03-16T00:00Z", ["2026-03-17 Tue 00:00", "2026-03-18 Wed 00:00"]),
+        # An empty list (ParseStandard drops empty items) sets nothing and no star.
+        ("0 0 , * 1", "2026-03-01T00:00Z", ["2026-03-02 Mon 00:00", "2026-03-09 Mon 00:00"]),
+    ],
+)  # fmt: skip
+def test_the_day_fields_follow_robfigs_star_bit(expr: str, start: str, expected: list[str]) -> None:
+    assert fires(expr, start, 2) == expected
+
+
+@pytest.mark.parametrize(
+    ("expr", "expected"),
+    [
+        ("5/15 * * * *", ["2026-03-01 Sun 00:05", "2026-03-01 Sun 00:20", "2026-03-01 Sun 00:35",
+                          "2026-03-01 Sun 00:50", "2026-03-01 Sun 01:05"]),
+        ("0 10/6 * * *", ["2026-03-01 Sun 10:00", "2026-03-01 Sun 16:00", "2026-03-01 Sun 22:00",
+                          "2026-03-02 Mon 10:00", "2026-03-02 Mon 16:00"]),
+        ("0 0 27/2 * *", ["2026-03-27 Fri 00:00", "2026-03-29 Sun 00:00", "2026-03-31 Tue 00:00",
+                          "2026-04-27 Mon 00:00", "2026-04-29 Wed 00:00"]),
+        ("0 0 1 nov/1 *", ["2026-11-01 Sun 00:00", "2026-12-01 Tue 00:00", "2027-11-01 Mon 00:00",
+                           "2027-12-01 Wed 00:00", "2028-11-01 Wed 00:00"]),
+        ("0 0 * * fri/1", ["2026-03-06 Fri 00:00", "2026-03-07 Sat 00:00", "2026-03-13 Fri 00:00",
+                           "2026-03-14 Sat 00:00", "2026-03-20 Fri 00:00"]),
+    ],
+)  # fmt: skip
+def test_n_slash_step_means_n_to_the_maximum(expr: str, expected: list[str]) -> None:
+    assert fires(expr, "2026-03-01T00:00Z", 5) == expected
+
+
+@pytest.mark.parametrize("expr", ["@every 1h", "@every 90s", "@every 1h30m"])
+def test_every_is_refused_outside_a_cronjob_saying_why(expr: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        Schedule.parse(expr)
+    assert "@every counts from when the CronJob was created or last scheduled" in str(info.value)
+    assert "write the schedule in 5 fields" in str(info.value)
+
+
+@pytest.mark.parametrize(
+    ("expr", "same_as"),
+    [
+        ("*-5 * * * *", "* * * * *"),  # robfig reads no further than a star
+        ("? * * * *", "* * * * *"),  # '?' is a star in every field
+        ("+5 * * * *", "5 * * * *"),  # Go's Atoi
+        ("05 009 * * *", "5 9 * * *"),
+        ("1,,2 * * * mon,", "1,2 * * * 1"),  # empty list items are dropped
+        ("0 0 * JAN,fEb * ", "0 0 * 1,2 *"),  # names in any case
+        ("0 0 * * FR\u0130", "0 0 * * 5"),  # Go lower-cases U+0130 to 'i'
+        ("0\u00a00\t*\u3000* *", "0 0 * * *"),  # Go's white space
+        ("@weekly", "0 0 * * 0"),
+    ],
+)
+def test_parse_standard_spellings(expr: str, same_as: str) -> None:
+    assert fires(expr, "2026-03-01T00:00Z", 4) == fires(same_as, "2026-03-01T00:00Z", 4)
+
+
+@pytest.mark.parametrize(
+    ("expr", "tz", "start", "expected"),
+    [
+        # Havana skips midnight at the spring change: that day has no 00:00 (robfig instead
+        # fires at 23:00 the day before, a time its fields do not match).
+        ("0 0 * * *", "America/Havana", "2024-03-09T00:00-05:00",
+         ["2024-03-09 Sat 00:00", "2024-03-11 Mon 00:00"]),
+        # ... and has midnight twice in autumn.
+        ("0 0 * * *", "America/Havana", "2024-11-02T12:00-04:00",
+         ["2024-11-03 Sun 00:00", "2024-11-03 Sun 00:00", "2024-11-04 Mon 00:00"]),
+        # Tehran until 2022: midnight skipped on 22 March; 23:xx twice on 21 September.
+        ("30 0 * * *", "Asia/Tehran", "2021-03-21T12:00+03:30",
+         ["2021-03-23 Tue 00:30", "2021-03-24 Wed 00:30"]),
+        ("30 23 * * *", "Asia/Tehran", "2021-09-21T12:00+04:30",
+         ["2021-09-21 Tue 23:30", "2021-09-21 Tue 23:30", "2021-09-22 Wed 23:30"]),
+        # Casablanca 2013: 00:00 skipped on 28 April (robfig skips the whole day).
+        ("0 5 28 4 *", "Africa/Casablanca", "2013-04-01T00:00Z", ["2013-04-28 Sun 05:00"]),
+        # Lord Howe moves 30 minutes: 02:00-02:29 skipped in October, 01:30-01:59 twice in
+        # April; 02:15 and 02:00 exist on the April day (robfig skips them).
+        ("15 2 * * *", "Australia/Lord_Howe", "2024-10-05T12:00+10:30",
+         ["2024-10-07 Mon 02:15"]),
+        ("45 2 * * *", "Australia/Lord_Howe", "2024-10-05T12:00+10:30",
+         ["2024-10-06 Sun 02:45", "2024-10-07 Mon 02:45"]),
+        ("45 1 * * *", "Australia/Lord_Howe", "2024-04-06T12:00+11:00",
+         ["2024-04-07 Sun 01:45", "2024-04-07 Sun 01:45", "2024-04-08 Mon 01:45"]),
+        ("15 2 * * *", "Australia/Lord_Howe", "2024-04-06T12:00+11:00",
+         ["2024-04-07 Sun 02:15", "2024-04-08 Mon 02:15"]),
+    ],
+)  # fmt: skip
+def test_fire_times_are_matching_wall_times_where_robfig_errs_at_dst(
+    expr: str, tz: str, start: str, expected: list[str]
+) -> None:
+    # The rule (runner/slots.py, docs/design.md): an instant fires when its wall-clock time in
+    # the zone matches the fields; a skipped wall time does not fire, a repeated one fires twice.
+    assert fires(expr, start, len(expected), tz) == expected
 
 
 @pytest.mark.parametrize(
