@@ -383,3 +383,15 @@ def test_fire_times_match_robfig_next(robfig: Oracle, figures: Callable[[str], N
         and not cls.startswith("never fires")
     }
     assert not faults, faults
+
+
+def test_robfig_never_returns_across_apias_skipped_day(robfig: Oracle) -> None:
+    """Samoa skipped 30 December 2011 (UTC-10 to UTC+14). robfig's Next for @monthly, asked in
+    the last hour before the skip, loops forever (the oracle gives up after 2 s); the runner
+    answers with the next first of the month."""
+    before = int(datetime(2011, 12, 29, 23, tzinfo=ZoneInfo("Pacific/Apia")).timestamp())
+    answer = robfig([{"expr": "@monthly", "zone": "Pacific/Apia", "next": [before], "match": []}])
+    assert answer[0]["hung"] == [0]
+    schedule = Schedule.parse("@monthly", "Pacific/Apia", 0)
+    following = datetime.fromtimestamp(schedule.next_after(before), ZoneInfo("Pacific/Apia"))
+    assert following.isoformat() == "2012-01-01T00:00:00+14:00"
