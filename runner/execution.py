@@ -45,6 +45,7 @@ RAN = "ran"
 ENQUEUED = "enqueued"  # queue mode: the slot's message was sent; a worker runs it
 SKIPPED_HELD = "skipped_held"
 SKIPPED_DONE = "skipped_done"
+SKIPPED_STALE = "skipped_stale"  # a CronJob slot older than its marker retention
 FAILED = "failed"
 LEASE_LOST = "lease_lost"
 TERMINATED = "terminated"
@@ -143,12 +144,73 @@ class NullObserver:
 
 
 def resolve_slot(settings: Settings, now_s: float) -> int | None:
+    """The run's slot: the CronJob's (Job name, scheduled-timestamp annotation), else the
+    schedule's at ``now_s``, else None (a manual run). A CronJob slot later than now plus the
+    skew tolerance is refused: running it would mark a slot done before its time."""
     s = settings.slots
-    if s.job_name:
-        return slots.slot_from_job_name(s.job_name, s.cronjob_name)
+    if s.job_name or s.scheduled_at_s is not None:
+        slot = _cronjob_slot(s.job_name, s.cronjob_name, s.scheduled_at_s)
+        if slot is not None and slot > now_s + s.skew_tolerance_s:
+            raise ConfigError(
+                f"{_slot_origin(s.job_name, s.scheduled_at_s)} names the slot {_utc(slot)}, "
+                f"later than now ({_utc(now_s)}) plus the skew tolerance "
+                f"({s.skew_tolerance_s:g}s): not run, nothing written. Expected the CronJob "
+                "controller's Job name <cronjob>-<scheduled minute since the epoch>"
+            )
+        return slot
     if s.schedule:
         return slots.Schedule.parse(s.schedule, s.timezone, s.skew_tolerance_s).slot_for(now_s)
     return None
+
+
+def _cronjob_slot(
+    job_name: str | None, cronjob_name: str | None, scheduled_at_s: float | None
+) -> int | None:
+    named = slots.slot_from_job_name(job_name, cronjob_name) if job_name else None
+    if scheduled_at_s is None:
+        return named
+    # The annotation has seconds, the name minutes (the controller's getTimeHashInMinutes):
+    # the slot stays the name's minute, the one the previous release used too.
+    annotated = int(scheduled_at_s // 60) * 60
+    if named is not None and named != annotated:
+        raise ConfigError(
+            f"CRON_RUNNER_JOB_NAME={job_name!r} names the slot {_utc(named)} but "
+            f"CRON_RUNNER_SCHEDULED_TIMESTAMP (batch.kubernetes.io/cronjob-scheduled-timestamp) "
+            f"says {_utc(scheduled_at_s)}: expected both from the CronJob controller, agreeing "
+            "to the minute"
+        )
+    return annotated
+
+
+def _slot_origin(job_name: str | None, scheduled_at_s: float | None) -> str:
+    if job_name:
+        return f"CRON_RUNNER_JOB_NAME={job_name!r}"
+    return f"CRON_RUNNER_SCHEDULED_TIMESTAMP ({_utc(scheduled_at_s or 0.0)})"
+
+
+def _utc(t_s: float) -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(t_s))
+
+
+def stale_slot_reason(settings: Settings, slot: int | None, now_s: float) -> str | None:
+    """Why a CronJob slot is too old to run, or None. Past its marker's retention, the marker
+    of a run that did happen may have expired: the slot cannot be proven unrun."""
+    s = settings.slots
+    if slot is None or not (s.job_name or s.scheduled_at_s is not None):
+        return None
+    age_s = now_s - slot
+    explicit = settings.lease.slot_retention_s
+    # A computed retention is never below an hour: younger slots need no schedule parsing,
+    # so a CronJob pod's start stays free of the schedule machinery.
+    if age_s <= (explicit if explicit is not None else ONE_HOUR_S):
+        return None
+    keep_s = retention_s(settings)
+    if age_s <= keep_s:
+        return None
+    return (
+        f"slot {_utc(slot)} is {age_s:.0f}s old, older than its marker's retention "
+        f"({keep_s:g}s): a run of it may have happened and its marker expired, so it is not run"
+    )
 
 
 def retention_s(settings: Settings, log: RunLogger | None = None) -> float:
@@ -161,8 +223,12 @@ def retention_s(settings: Settings, log: RunLogger | None = None) -> float:
         try:
             return slots.Schedule.parse(s.schedule, s.timezone, tolerance_s).retention_s
         except ConfigError as exc:
-            # Only with a Job name (else the schedule was checked at start), e.g. Kubernetes'
-            # `@every 1h`, which we cannot read: the task has run, so keep the marker long
+            # Only with a Job name (else the schedule was checked at start). Kubernetes'
+            # `@every 1h` has no slots we can compute, but a delay: twice it, as for a gap.
+            every_s = slots.every_retention_s(s.schedule)
+            if every_s is not None:
+                return every_s
+            # Anything else the runner cannot read: the task has run, so keep the marker long
             # rather than fail the run and leave its lease to expire.
             if log is not None:
                 log.warning(
@@ -250,6 +316,9 @@ class Execution:
             return self._finish_log(
                 RunResult(TERMINATED, EXIT_TERMINATED, reason="terminated before start")
             )
+        stale = stale_slot_reason(self.settings, self.slot, self.started_wall)
+        if stale is not None:
+            return self._finish_log(self._skip_stale(stale))
 
         # Connecting and acquiring share the connect deadline: exit 69 comes within it.
         deadline = clock.monotonic() + self.settings.redis.connect_timeout_s
@@ -404,7 +473,7 @@ class Execution:
         fleet's, or a timer catching up, computes a slot hours old: it must not run it.
         """
         s = self.settings.slots
-        if s.job_name or not s.schedule or self.slot is None:
+        if s.job_name or s.scheduled_at_s is not None or not s.schedule or self.slot is None:
             return None
         late_s = self.started_wall - self.slot
         return late_s if late_s > s.starting_deadline_s else None
@@ -417,6 +486,16 @@ class Execution:
         # Recorded in the run stream only: the state hash is the runs' (no fence was taken).
         self._safe_record(TOO_LATE, 0, reason, with_state=False)
         return RunResult(TOO_LATE, 0, reason=reason)
+
+    def _skip_stale(self, reason: str) -> RunResult:
+        """Recorded in the run stream only, and without its slot: status and the watchdog go on
+        from the last plausible run (so they report this slot as missed)."""
+        record = {**self._record(SKIPPED_STALE, 0, reason), "slot": ""}
+        try:
+            self._finished(self.lease.record(record, {}))
+        except (RedisError, FinishIncomplete) as exc:
+            self.log.warning(f"could not record the run: {exc}", extra={"event": "record_failed"})
+        return RunResult(SKIPPED_STALE, 0, reason=reason)
 
     def _wait_replicas(self) -> None:
         wanted = self.settings.redis.min_replicas

@@ -107,6 +107,9 @@ class SlotSettings(NamedTuple):
     # Without a Job name: a run that starts this long after its slot does not run (too_late),
     # like a CronJob's startingDeadlineSeconds.
     starting_deadline_s: float = 300.0
+    # The batch.kubernetes.io/cronjob-scheduled-timestamp annotation (Kubernetes 1.32+), in
+    # epoch seconds, when the chart's downward API finds it on the pod.
+    scheduled_at_s: float | None = None
 
 
 class RunSettings(NamedTuple):
@@ -411,7 +414,9 @@ def _slots(src: _Source) -> SlotSettings:
     schedule, _ = src.get("SCHEDULE")
     job_name, _ = src.get("JOB_NAME")  # get() strips whitespace
     cronjob_name, _ = src.get("CRONJOB_NAME")
+    scheduled, scheduled_origin = src.get("SCHEDULED_TIMESTAMP")
     return SlotSettings(
+        scheduled_at_s=None if scheduled is None else _rfc3339(scheduled, scheduled_origin),
         schedule=schedule,
         timezone=tz or DEFAULTS.slots.timezone,
         skew_tolerance_s=src.duration("SKEW_TOLERANCE", DEFAULTS.slots.skew_tolerance_s),
@@ -419,6 +424,28 @@ def _slots(src: _Source) -> SlotSettings:
         cronjob_name=cronjob_name,
         starting_deadline_s=src.duration("STARTING_DEADLINE", DEFAULTS.slots.starting_deadline_s),
     )
+
+
+# What the controller writes: Go's time.RFC3339, whole seconds, 'Z' or a numeric offset.
+_RFC3339_RE = re.compile(
+    r"[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9]{2}:[0-9]{2}:[0-9]{2}(?:\.[0-9]+)?(?:Z|[+-][0-9]{2}:[0-9]{2})\Z",
+    re.ASCII,
+)
+
+
+def _rfc3339(value: str, origin: str) -> float:
+    from datetime import datetime  # noqa: PLC0415 - only when the annotation is there
+
+    try:
+        if not _RFC3339_RE.match(value):
+            raise ValueError(value)
+        return datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp()
+    except ValueError as exc:
+        raise ConfigError(
+            f"{origin}={value[:60]!r} is not a time: expected RFC 3339 such as "
+            "'2026-03-29T01:00:00Z', as Kubernetes writes batch.kubernetes.io/"
+            "cronjob-scheduled-timestamp"
+        ) from exc
 
 
 def _telemetry(src: _Source) -> TelemetrySettings:
@@ -468,7 +495,9 @@ def load_settings(
     )
     # In a CronJob pod the slot comes from the Job name and Kubernetes has validated the
     # schedule, which is kept only for status and the watchdog: croniter stays off the start path.
-    if settings.slots.schedule is not None and not settings.slots.job_name:
+    if settings.slots.schedule is not None and not (
+        settings.slots.job_name or settings.slots.scheduled_at_s is not None
+    ):
         settings = settings._replace(slots=_checked_schedule(src, settings.slots))
     return settings
 

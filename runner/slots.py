@@ -171,6 +171,18 @@ def _spec(expr: str) -> CronSpec:
     return spec
 
 
+def every_retention_s(expr: str) -> float | None:
+    """The marker retention of an ``@every <duration>`` CronJob schedule (twice the delay, at
+    least an hour, as for any schedule), or None for anything else."""
+    from runner import cronexpr  # noqa: PLC0415 - start-up cost
+
+    try:
+        spec = cronexpr.parse(expr)
+    except cronexpr.CronSyntaxError:
+        return None
+    return max(3600.0, 2.0 * spec.delay_s) if isinstance(spec, cronexpr.Every) else None
+
+
 def _zone(tz: str) -> ZoneInfo:
     from zoneinfo import ZoneInfo, ZoneInfoNotFoundError  # noqa: PLC0415 - start-up cost
 

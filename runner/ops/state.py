@@ -138,6 +138,23 @@ def missed_slots(
     return Missed(due_slot=due, slots=tuple(found), more=more, running=running)
 
 
+# How old a recorded slot may be: its schedule's marker retention, or this when longer (an
+# explicit CRON_RUNNER_SLOT_RETENTION is not stored; this is the fallback retention).
+PLAUSIBLE_AGE_S = 7 * 86_400.0
+
+
+def plausible_slot(schedule: slots.Schedule, slot: int, at_s: float) -> int:
+    """The slot a run recorded at ``at_s`` claimed, if a run then could have claimed it: not
+    after the next fire time (a slot is claimed at most the skew tolerance early) nor older
+    than the marker retention (older slots are not run). Otherwise, as a Job name from
+    another day or a release that did not check would give, the fire time at or before
+    ``at_s``: status and the watchdog are never moved by an implausible slot."""
+    oldest = at_s - max(schedule.retention_s, PLAUSIBLE_AGE_S)
+    if oldest <= slot <= schedule.next_after(at_s):
+        return slot
+    return schedule.previous_at_or_before(at_s)
+
+
 def record_of(entry_id: str, fields: dict[str, str]) -> RunRecord:
     return RunRecord(
         id=entry_id,
@@ -199,6 +216,8 @@ class Reader:
                 # A run may claim a slot up to the tolerance early, so the slot it recorded can
                 # still lie ahead of now: the next slot is the one after both.
                 last_slot = _int(state.get("last_slot")) or 0
+                if last_slot > schedule.next_after(now_s):
+                    last_slot = 0  # implausible: no run can have claimed a slot that far ahead
                 next_slot = schedule.next_after(max(now_s, last_slot))
                 covered = self._covered_until(task, schedule, last_success, state)
                 if covered is not None:
@@ -240,16 +259,19 @@ class Reader:
         that never succeeded, just before the first slot it tried (its oldest record); for one
         that never ran at all, the time a watchdog was first told to expect it."""
         if last_success is not None:
-            return float(last_success.slot if last_success.slot is not None else last_success.at)
+            if last_success.slot is None:
+                return last_success.at
+            return float(plausible_slot(schedule, last_success.slot, last_success.at))
         oldest = self.client.xrange(self.keys(task).runs, count=1)
         if not oldest:
             return _float(state.get(EXPECTED_SINCE))
         first = record_of(*oldest[0])
-        if first.slot is not None:
-            return float(first.slot - 1)
         if first.started_at is None:
-            return None
-        return float(schedule.previous_at_or_before(first.started_at) - 1)
+            return None if first.slot is None else float(first.slot - 1)
+        slot = schedule.previous_at_or_before(first.started_at)
+        if first.slot is not None:
+            slot = plausible_slot(schedule, first.slot, first.started_at)
+        return float(slot - 1)
 
     def expect(self, task: str, schedule: str, timezone: str, *, now_s: float) -> None:
         """Make a task known before it first runs (``watchdog --expect``), so that a CronJob

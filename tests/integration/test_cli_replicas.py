@@ -56,12 +56,12 @@ def test_late_replica_skips_same_slot_and_next_slot_runs(
     assert outcome(late.stderr) == "skipped_done"
     assert len(side_effects(effects)) == 1
 
-    # The next slot: the same command an hour later, by faking the clock at the seam is not
-    # possible across processes, so use a job name for the next slot instead.
+    # Another slot: faking the clock at the seam is not possible across processes, so use a
+    # Job name for the slot before (a later one is refused: it has not come yet).
     slot = next(e["slot"] for e in events(first.stderr) if e.get("event") == "acquired")
     next_env = {
         **env,
-        "CRON_RUNNER_JOB_NAME": f"hourly-{(slot + 3600) // 60}",
+        "CRON_RUNNER_JOB_NAME": f"hourly-{(slot - 3600) // 60}",
         "CRON_RUNNER_CRONJOB_NAME": "hourly",
     }
     nxt = run(["exec", "--name", "hourly", "--", *_effect_cmd(effects, 0)], next_env)

@@ -22,13 +22,15 @@ DAY_S = 86_400
 
 
 def _cronjob_env(redis_url: str, task: str, schedule: str, slot_s: int) -> dict[str, str]:
-    """What the chart gives a CronJob pod of ``task`` for the Job of ``slot_s``."""
+    """What the chart gives a CronJob pod of ``task`` for the Job of ``slot_s``. The slots here
+    are days old, so the marker retention is set above that: older slots are not run."""
     cronjob = f"release-{task}"
     return runner_env(
         redis_url,
         CRON_RUNNER_JOB_NAME=f"{cronjob}-{slot_s // 60}",
         CRON_RUNNER_CRONJOB_NAME=cronjob,
         CRON_RUNNER_SCHEDULE=schedule,
+        CRON_RUNNER_SLOT_RETENTION="168h",
     )
 
 
