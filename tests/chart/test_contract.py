@@ -89,9 +89,10 @@ def field_value(path: str, pod_meta: Manifest) -> str:
         return str(pod_meta["name"])
     if path == "metadata.namespace":
         return str(pod_meta["namespace"])
-    label = re.fullmatch(r"metadata\.labels\['([^']+)'\]", path)
+    label = re.fullmatch(r"metadata\.(labels|annotations)\['([^']+)'\]", path)
     assert label, f"the chart uses downward-API field {path!r}: teach this test to resolve it"
-    return str(pod_meta["labels"][label.group(1)])
+    # The kubelet gives an empty value for a label or annotation the pod does not carry.
+    return str(pod_meta.get(label.group(1), {}).get(label.group(2), ""))
 
 
 def kubelet_env(

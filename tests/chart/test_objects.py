@@ -29,8 +29,10 @@ from tests.chart.test_matrix import KUBE_VERSIONS, schema_errors
 
 THREE = "02-three-tasks-overrides-values.yaml"
 JOB_NAME_FIELD = "metadata.labels['batch.kubernetes.io/job-name']"
+SCHEDULED_FIELD = "metadata.annotations['batch.kubernetes.io/cronjob-scheduled-timestamp']"
 CONTRACT = {
     "CRON_RUNNER_JOB_NAME",
+    "CRON_RUNNER_SCHEDULED_TIMESTAMP",
     "CRON_RUNNER_CRONJOB_NAME",
     "CRON_RUNNER_HOLDER",
     "CRON_RUNNER_SCOPE",
@@ -181,6 +183,7 @@ def test_env_contract_is_complete_in_every_cronjob(chart: Chart) -> None:
             env = env_of(c)
             assert set(env) >= CONTRACT, (name, task, CONTRACT - set(env))
             assert field_ref(env["CRON_RUNNER_JOB_NAME"]) == JOB_NAME_FIELD
+            assert field_ref(env["CRON_RUNNER_SCHEDULED_TIMESTAMP"]) == SCHEDULED_FIELD
             assert field_ref(env["CRON_RUNNER_HOLDER"]) == "metadata.name"
             # The namespace, unless runner.scope names one (06: "billing").
             scope = env["CRON_RUNNER_SCOPE"]

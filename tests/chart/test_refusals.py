@@ -244,7 +244,13 @@ def test_chart_metadata() -> None:
 
 @pytest.mark.parametrize("where", ["runner", "task"])
 @pytest.mark.parametrize(
-    "var", ["CRON_RUNNER_SHUTDOWN_GRACE", "CRON_RUNNER_JOB_NAME", "CRON_RUNNER_CRONJOB_NAME"]
+    "var",
+    [
+        "CRON_RUNNER_SHUTDOWN_GRACE",
+        "CRON_RUNNER_JOB_NAME",
+        "CRON_RUNNER_CRONJOB_NAME",
+        "CRON_RUNNER_SCHEDULED_TIMESTAMP",
+    ],
 )
 def test_env_may_not_override_what_the_chart_derives(chart: Chart, where: str, var: str) -> None:
     # A grace apart from terminationGracePeriodSeconds lets the kubelet kill the runner before

@@ -362,6 +362,9 @@ Call with (dict "root" $ "task" $task).
 {{- if not $task.schedule }}
 {{- fail (printf "task %q: schedule is required (a 5-field cron expression such as \"0 2 * * *\")" $name) }}
 {{- end }}
+{{- with include "cron-runner.scheduleError" $task.schedule }}
+{{- fail (printf "task %q: schedule %q would be refused by Kubernetes: %s (the CronJob schedule language: docs/design.md)" $name (toString $task.schedule) .) }}
+{{- end }}
 {{- $hasTask := not (empty $task.task) }}
 {{- $hasCommand := not (empty $task.command) }}
 {{- if and $hasTask $hasCommand }}
@@ -389,7 +392,7 @@ Call with (dict "root" $ "task" $task).
 {{- if and (hasKey $task "retries") (not (kindIs "map" $task.retries)) }}
 {{- fail (printf "task %q: retries must be a map: {max: 3, minBackoff: 15s, maxBackoff: 1h}" $name) }}
 {{- end }}
-{{- range $var := list "CRON_RUNNER_SHUTDOWN_GRACE" "CRON_RUNNER_JOB_NAME" "CRON_RUNNER_CRONJOB_NAME" }}
+{{- range $var := list "CRON_RUNNER_SHUTDOWN_GRACE" "CRON_RUNNER_JOB_NAME" "CRON_RUNNER_CRONJOB_NAME" "CRON_RUNNER_SCHEDULED_TIMESTAMP" }}
 {{- if or (hasKey (default dict $.root.Values.runner.env) $var) (hasKey (default dict $task.env) $var) }}
 {{- fail (printf "task %q: %s is set by the chart and may not be overridden in env: the shutdown grace follows terminationGracePeriodSeconds (minus 5s), and the Job names give the slot" $name $var) }}
 {{- end }}
@@ -447,4 +450,87 @@ maxmemory-policy {{ $b.maxmemoryPolicy }}
 {{- with $b.maxmemory }}
 maxmemory {{ . }}
 {{- end }}
+{{- end }}
+
+{{/*
+Why the API server would refuse a CronJob schedule, or nothing: robfig/cron v3.0.1's
+cron.ParseStandard (which it calls), plus its refusal of TZ in a schedule. The same rules as
+runner/cronexpr.py (docs/design.md, The schedule language); tests/chart/test_schedules.py
+checks the two agree. Numbers beyond 999 (a step beyond 19 digits) are treated as refused;
+@every durations are checked for their form, not for overflow past 2562047h (292 years).
+*/}}
+{{- define "cron-runner.scheduleError" -}}
+{{- $s := toString . }}
+{{- $errors := list }}
+{{- $macros := list "@yearly" "@annually" "@monthly" "@weekly" "@daily" "@midnight" "@hourly" }}
+{{- $duration := "^[-+]?(0|(([0-9]+(\\.[0-9]*)?|\\.[0-9]+)(ns|us|µs|μs|ms|s|m|h))+)$" }}
+{{- $fields := list }}
+{{- range regexSplit "[\\t\\n\\v\\f\\r \\x{85}\\x{A0}\\x{1680}\\x{2000}-\\x{200A}\\x{2028}\\x{2029}\\x{202F}\\x{205F}\\x{3000}]+" $s -1 }}
+{{- if . }}{{ $fields = append $fields . }}{{ end }}
+{{- end }}
+{{- if contains "TZ" $s }}
+{{- $errors = append $errors "a time zone (TZ= or CRON_TZ=) inside the schedule is refused by Kubernetes; set timeZone instead" }}
+{{- else if hasPrefix "@" $s }}
+{{- if hasPrefix "@every " $s }}
+{{- if not (regexMatch $duration (trimPrefix "@every " $s)) }}
+{{- $errors = append $errors (printf "%q is not a Go duration such as 90s or 1h30m" (trimPrefix "@every " $s)) }}
+{{- end }}
+{{- else if not (has $s $macros) }}
+{{- $errors = append $errors (printf "unknown macro %q: expected one of %s (lower case, no spaces) or @every <duration>" $s (join ", " $macros)) }}
+{{- end }}
+{{- else if ne (len $fields) 5 }}
+{{- $errors = append $errors (printf "it has %d fields: expected 5 (minute hour day-of-month month day-of-week)" (len $fields)) }}
+{{- else }}
+{{- $months := dict "jan" 1 "feb" 2 "mar" 3 "apr" 4 "may" 5 "jun" 6 "jul" 7 "aug" 8 "sep" 9 "oct" 10 "nov" 11 "dec" 12 }}
+{{- $dows := dict "sun" 0 "mon" 1 "tue" 2 "wed" 3 "thu" 4 "fri" 5 "sat" 6 }}
+{{- $bounds := list (list "minute" 0 59 dict) (list "hour" 0 23 dict) (list "day-of-month" 1 31 dict) (list "month" 1 12 $months) (list "day-of-week" 0 6 $dows) }}
+{{- range $i, $field := $fields }}
+{{- $b := index $bounds $i }}
+{{- $name := index $b 0 }}{{ $low := index $b 1 }}{{ $high := index $b 2 }}{{ $names := index $b 3 }}
+{{- range $item := splitList "," $field }}
+{{- if $item }}
+{{- $rs := splitList "/" $item }}
+{{- $lh := splitList "-" (index $rs 0) }}
+{{- $start := $low }}{{ $end := $high }}{{ $bad := "" }}
+{{- if gt (len $rs) 2 }}
+{{- $bad = "too many slashes" }}
+{{- else if not (has (index $lh 0) (list "*" "?")) }}
+{{- if gt (len $lh) 2 }}
+{{- $bad = "too many hyphens" }}
+{{- else }}
+{{- $values := list }}
+{{- range $v := $lh }}
+{{- if hasKey $names (lower $v) }}
+{{- $values = append $values (index $names (lower $v)) }}
+{{- else if regexMatch "^\\+?0*[0-9]{1,3}$" $v }}
+{{- $values = append $values (atoi $v) }}
+{{- else }}
+{{- $bad = printf "%q is not a number%s" $v (ternary " or a name" "" (gt (len $names) 0)) }}
+{{- end }}
+{{- end }}
+{{- if not $bad }}
+{{- $start = first $values }}{{ $end = last $values }}
+{{- end }}
+{{- end }}
+{{- end }}
+{{- if and (not $bad) (eq (len $rs) 2) }}
+{{- if not (regexMatch "^\\+?0*[1-9][0-9]{0,18}$" (index $rs 1)) }}
+{{- $bad = printf "the step %q is not a positive number" (index $rs 1) }}
+{{- else if eq (len $lh) 1 }}
+{{- $end = $high }}
+{{- end }}
+{{- end }}
+{{- if and (not $bad) (or (lt (int $start) (int $low)) (gt (int $end) (int $high))) }}
+{{- $bad = printf "out of range %d-%d" (int $low) (int $high) }}
+{{- else if and (not $bad) (gt (int $start) (int $end)) }}
+{{- $bad = "the range runs backwards" }}
+{{- end }}
+{{- if $bad }}
+{{- $errors = append $errors (printf "%s field %q: %s" $name $field $bad) }}
+{{- end }}
+{{- end }}
+{{- end }}
+{{- end }}
+{{- end }}
+{{- if $errors }}{{ first $errors }}{{ end }}
 {{- end }}
