@@ -24,8 +24,8 @@ from __future__ import annotations
 
 import re
 from bisect import bisect_left, bisect_right
-from datetime import date
 from collections.abc import Callable
+from datetime import date
 from typing import Final, NamedTuple
 
 _MONTH_NAMES: Final = {n: i + 1 for i, n in enumerate(
@@ -203,29 +203,15 @@ def _range(item: str, text: str, bounds: _Bounds) -> tuple[set[int], bool]:
         return CronSyntaxError(f"{bounds.name} field {text!r}: {reason}")
 
     range_and_step = item.split("/")
-    low_high = range_and_step[0].split("-")
-    if low_high[0] in ("*", "?"):
-        # robfig reads no further than the star: '*-5' and '*-x' are '*'.
-        start, end, star = bounds.low, bounds.high, True
-    else:
-        start = _int_or_name(low_high[0], bounds, bad)
-        if len(low_high) == 1:
-            end = start
-        elif len(low_high) == 2:
-            end = _int_or_name(low_high[1], bounds, bad)
-        else:
-            raise bad(f"too many hyphens in {item!r}")
-        star = False
-    if len(range_and_step) == 1:
-        step = 1
-    elif len(range_and_step) == 2:
-        step = _go_atoi(range_and_step[1], bad)
-        if len(low_high) == 1:
-            end = bounds.high  # "N/step" means "N-max/step"
-        if step > 1:
-            star = False
-    else:
+    if len(range_and_step) > 2:
         raise bad(f"too many slashes in {item!r}")
+    start, end, star = _endpoints(range_and_step[0], bounds, bad)
+    step = 1
+    if len(range_and_step) == 2:
+        step = _go_atoi(range_and_step[1], bad)
+        if "-" not in range_and_step[0]:
+            end = bounds.high  # "N/step" means "N-max/step"
+        star = star and step <= 1
     if start < bounds.low:
         raise bad(f"{start} is below the minimum {bounds.low} (range {bounds.low}-{bounds.high})")
     if end > bounds.high:
@@ -235,6 +221,19 @@ def _range(item: str, text: str, bounds: _Bounds) -> tuple[set[int], bool]:
     if step == 0:
         raise bad("a step must be a positive number")
     return set(range(start, end + 1, step)), star
+
+
+def _endpoints(text: str, bounds: _Bounds, bad: _Bad) -> tuple[int, int, bool]:
+    """The range before any ``/``: (start, end, star bit)."""
+    low_high = text.split("-")
+    if low_high[0] in ("*", "?"):
+        # robfig reads no further than the star: '*-5' and '*-x' are '*'.
+        return bounds.low, bounds.high, True
+    if len(low_high) > 2:
+        raise bad(f"too many hyphens in {text!r}")
+    start = _int_or_name(low_high[0], bounds, bad)
+    end = _int_or_name(low_high[1], bounds, bad) if len(low_high) == 2 else start
+    return start, end, False
 
 
 def _go_lower(text: str) -> str:
@@ -292,66 +291,49 @@ def _go_parse_duration(text: str) -> int:
         return CronSyntaxError(f"@every: {text!r} is not a Go duration such as '90s', '1h30m'")
 
     s = text.encode()
-    negative = False
+    negative = s[:1] == b"-"
     if s[:1] in (b"-", b"+"):
-        negative, s = s[:1] == b"-", s[1:]
+        s = s[1:]
     if s == b"0":
         return 0
     if not s:
         raise bad()
     total = 0
-    limit = 1 << 63
     while s:
-        if not (s[:1] == b"." or s[:1].isdigit()):
+        match = _DURATION_PART.match(s)
+        if match is None:
             raise bad()
-        digits = len(s) - len(s.lstrip(b"0123456789"))
-        whole_text, s = s[:digits], s[digits:]
-        whole = 0
-        for c in whole_text:
-            if whole > limit // 10:
-                raise bad()
-            whole = whole * 10 + c - 48
-            if whole > limit:
-                raise bad()
-        fraction, scale, has_fraction = 0, 1.0, False
-        if s[:1] == b".":
-            s = s[1:]
-            digits = len(s) - len(s.lstrip(b"0123456789"))
-            fraction_text, s = s[:digits], s[digits:]
-            has_fraction = bool(fraction_text)
-            overflow = False
-            for c in fraction_text:
-                if overflow:
-                    continue
-                if fraction > (limit - 1) // 10:
-                    overflow = True
-                    continue
-                y = fraction * 10 + c - 48
-                if y > limit:
-                    overflow = True
-                    continue
-                fraction, scale = y, scale * 10
-        if not whole_text and not has_fraction:
+        whole_text, fraction_text, unit_text = match.groups()
+        unit = _UNIT_NS.get(unit_text)
+        if unit is None or (not whole_text and not fraction_text):
             raise bad()
-        end = 0
-        while end < len(s) and not (s[end : end + 1] == b"." or s[end : end + 1].isdigit()):
-            end += 1
-        unit = _UNIT_NS.get(s[:end]) if end else None
-        if unit is None:
-            raise bad()
-        s = s[end:]
-        if whole > limit // unit:
-            raise bad()
+        whole = int(whole_text or b"0")
+        if whole > _LIMIT // unit:
+            raise bad()  # also Go's leadingInt overflow, which comes at a smaller number
         value = whole * unit
-        if fraction > 0:
+        fraction, scale = _leading_fraction(fraction_text or b"")
+        if fraction:
             value += int(float(fraction) * (float(unit) / scale))
-            if value > limit:
-                raise bad()
         total += value
-        if total > limit:
+        if value > _LIMIT or total > _LIMIT:
             raise bad()
-    if negative:
-        return -total
-    if total > limit - 1:
+        s = s[match.end() :]
+    if not negative and total > _LIMIT - 1:
         raise bad()
-    return total
+    return -total if negative else total
+
+
+# One component: digits, an optional fraction, a unit (any bytes up to the next digit or '.').
+_DURATION_PART: Final = re.compile(rb"([0-9]*)(?:\.([0-9]*))?([^0-9.]+)")
+_LIMIT: Final = 1 << 63
+
+
+def _leading_fraction(digits: bytes) -> tuple[int, float]:
+    """Go's leadingFraction: digits past int64 precision are ignored, not an error."""
+    fraction, scale = 0, 1.0
+    for c in digits:
+        y = fraction * 10 + c - 48
+        if fraction > (_LIMIT - 1) // 10 or y > _LIMIT:
+            break
+        fraction, scale = y, scale * 10
+    return fraction, scale

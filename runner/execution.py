@@ -312,13 +312,9 @@ class Execution:
             else "start",
             extra={"event": "start"},
         )
-        if self.shutdown.requested:
-            return self._finish_log(
-                RunResult(TERMINATED, EXIT_TERMINATED, reason="terminated before start")
-            )
-        stale = stale_slot_reason(self.settings, self.slot, self.started_wall)
-        if stale is not None:
-            return self._finish_log(self._skip_stale(stale))
+        not_started = self._not_started()
+        if not_started is not None:
+            return self._finish_log(not_started)
 
         # Connecting and acquiring share the connect deadline: exit 69 comes within it.
         deadline = clock.monotonic() + self.settings.redis.connect_timeout_s
@@ -486,6 +482,13 @@ class Execution:
         # Recorded in the run stream only: the state hash is the runs' (no fence was taken).
         self._safe_record(TOO_LATE, 0, reason, with_state=False)
         return RunResult(TOO_LATE, 0, reason=reason)
+
+    def _not_started(self) -> RunResult | None:
+        """Why the run stops before connecting: a stop request, or a slot too old to run."""
+        if self.shutdown.requested:
+            return RunResult(TERMINATED, EXIT_TERMINATED, reason="terminated before start")
+        stale = stale_slot_reason(self.settings, self.slot, self.started_wall)
+        return None if stale is None else self._skip_stale(stale)
 
     def _skip_stale(self, reason: str) -> RunResult:
         """Recorded in the run stream only, and without its slot: status and the watchdog go on

@@ -34,7 +34,6 @@ import re
 import threading
 from bisect import bisect_right
 from datetime import UTC, date, datetime
-from functools import cache
 from typing import TYPE_CHECKING, Final
 
 from runner.errors import ConfigError

@@ -7,6 +7,7 @@ import json
 import time
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any, cast
 
 import redis
 
@@ -67,9 +68,9 @@ def test_a_job_slot_older_than_its_marker_retention_is_not_run_and_is_recorded(
     assert not r.keys("cron-runner:{default:ok}:slot:*")
     assert r.keys("cron-runner:{default:ok}:lease") == []
     # Recorded, without moving what status and the watchdog read.
-    (entry,) = r.xrange("cron-runner:{default:ok}:runs")
+    (entry,) = cast(list[Any], r.xrange("cron-runner:{default:ok}:runs"))
     assert entry[1]["outcome"] == "skipped_stale"
-    state = r.hgetall("cron-runner:{default:ok}:state")
+    state = cast(dict[str, str], r.hgetall("cron-runner:{default:ok}:state"))
     assert state["last_outcome"] == "skipped_stale"
     assert not {k for k in state if k.endswith("_slot")}
     status = run(["status", "--output", "json", "ok"], runner_env(redis_server.url))

@@ -13,7 +13,9 @@ from typing import Any
 
 import pytest
 
-ROBFIG_SOURCE = Path("/usr/share/gocode/src/github.com/robfig/cron")  # golang-github-robfig-cron-dev
+ROBFIG_SOURCE = Path(
+    "/usr/share/gocode/src/github.com/robfig/cron"
+)  # golang-github-robfig-cron-dev
 GO_MOD = f"""module cronoracle
 
 go 1.19

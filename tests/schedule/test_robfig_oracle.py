@@ -15,11 +15,13 @@ or off the hour. Anything else is a runner fault, and there must be none.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import random
 from collections import Counter
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
+from typing import Any
 from zoneinfo import ZoneInfo
 
 from runner import cronexpr
@@ -112,7 +114,7 @@ def _item(rng: random.Random, field: int, valid: bool) -> str:
         lambda: f"*/{step}",
         lambda: f"?/{step}",
         lambda: "*/1",
-        lambda: v(),
+        v,
         lambda: f"{v(a)}-{v(b)}",
         lambda: f"{v(a)}-{v(a)}",  # a single-value range
         lambda: f"{v(a)}/{step}",  # N/step is N-max/step
@@ -148,7 +150,9 @@ def expression(rng: random.Random, *, valid: bool) -> str:
     if roll < 0.1:
         duration = rng.choice(["1h", "90s", "1h30m", "500ms", "0", "-5m", "1.5h", ".5s", "1e3s",
                                "5", "5 m", "1us", "2µs", "3μs", "10ns", "1h1h", "", "+3m",
-                               "9223372036s", "3000000h", "0.000000001s", "1.s", ".s"])  # fmt: skip
+                               "9223372036s", "3000000h", "0.000000001s", "1.s", ".s", "-0", "00",
+                               "2562047h47m16.854775807s", "2562047h47m16.854775808s",
+                               "1.0000000000000000000000001h", "1.5µs", "5mµs"])  # fmt: skip
         return f"@every {duration}"
     fields = [_field(rng, i, valid) for i in range(5)]
     if not valid and rng.random() < 0.2:
@@ -243,130 +247,161 @@ def test_acceptance_matches_parse_standard(robfig: Oracle, figures: Callable[[st
     )
     assert tally.classes["refused by both"] > 500
     assert tally.classes["accepted by both"] > 500
-    wrong = {k: tally.examples[k] for k in ("acceptance differs", "@every delay differs") if k in tally.classes}
+    wrong = {
+        k: tally.examples[k]
+        for k in ("acceptance differs", "@every delay differs")
+        if k in tally.classes
+    }
     assert not wrong, wrong
 
 
 DOCUMENTED = ("robfig goes backwards", "robfig returns a time its fields do not match",
               "robfig skips a time its fields match")  # fmt: skip
 
+Case = tuple[str, str, list[int]]  # expression, zone, instants
 
-def test_fire_times_match_robfig_next(robfig: Oracle, figures: Callable[[str], None]) -> None:
-    rng = random.Random(SEED + 1)
-    changes = {zone: offset_changes(zone) for zone in ZONES}
+
+def fire_time_cases(rng: random.Random, changes: dict[str, list[int]]) -> list[Case]:
+    """Each expression in a few zones at random instants; and next to every offset change of
+    every zone, instants dealt round-robin over the expressions of that zone."""
     exprs: list[str] = []
     while len(exprs) < FIRE_TIME_EXPRESSIONS:
         expr = expression(rng, valid=True)
-        try:
+        with contextlib.suppress(cronexpr.CronSyntaxError):
             if isinstance(cronexpr.parse(expr), cronexpr.CronSpec):
                 exprs.append(expr)
-        except cronexpr.CronSyntaxError:
-            pass
-    # Each expression in a few zones; every offset change of every zone gets instants next to
-    # it, dealt round-robin over the expressions of that zone.
-    cases: list[tuple[str, str, list[int]]] = []
+    cases: list[Case] = []
     for i, expr in enumerate(exprs):
-        for zone in rng.sample(ZONES[1:], ZONES_PER_EXPRESSION - 1) + ["UTC" if i % 4 else rng.choice(ZONES)]:
+        last = "UTC" if i % 4 else rng.choice(ZONES)
+        for zone in [*rng.sample(ZONES[1:], ZONES_PER_EXPRESSION - 1), last]:
             start = APIA_START_S if zone == "Pacific/Apia" else START_S
-            cases.append((expr, zone, [rng.randrange(start, END_S) for _ in range(RANDOM_INSTANTS)]))
-    changes["Pacific/Apia"] = [c for c in changes["Pacific/Apia"] if c > APIA_START_S + 86_400]
+            instants = [rng.randrange(start, END_S) for _ in range(RANDOM_INSTANTS)]
+            cases.append((expr, zone, instants))
     for zone, zone_changes in changes.items():
         mine = [c for c in cases if c[1] == zone]
         for k, change in enumerate(zone_changes):
             for j, delta in enumerate(rng.sample(NEAR_CHANGE_S, 4)):
                 mine[(4 * k + j) % len(mine)][2].append(change + delta)
+    return cases
+
+
+def runner_schedule(expr: str, zone: str) -> Schedule | None:
+    """None for a schedule that never fires, which the runner refuses at start."""
+    try:
+        return Schedule.parse(expr, zone, 0)
+    except ConfigError as exc:
+        assert "ever matches" in str(exc), (expr, zone, exc)
+        return None
+
+
+def first_request(case: Case, schedule: Schedule | None) -> dict[str, object]:
+    """robfig's Next at each instant t, and at p - 1 and p for the runner's previous fire time
+    p; whether the runner's next and previous fire times are times robfig's fields match."""
+    expr, zone, instants = case
+    if schedule is None:
+        return {"expr": expr, "zone": zone, "next": instants, "match": []}
+    prevs = [schedule.previous_at_or_before(t) for t in instants]
+    nexts = [schedule.next_after(t) for t in instants]
+    return {
+        "expr": expr, "zone": zone,
+        "next": [*instants, *(p - 1 for p in prevs), *prevs],
+        "match": [*nexts, *prevs],
+    }  # fmt: skip
+
+
+Differing = tuple[int, int, int, int | None]  # case index, after, the runner's, robfig's
+
+
+def compare(
+    index: int, case: Case, schedule: Schedule, answer: dict[str, Any], tally: Tally
+) -> list[Differing]:
+    expr, zone, instants = case
+    n = len(instants)
+    for hung in answer["hung"]:
+        tally.add("robfig never returns", f"{expr!r} in {zone} after {answer['next'][hung]}", zone)
+    nexts_r, before_prev_r, after_prev_r = (
+        answer["next"][:n], answer["next"][n : 2 * n], answer["next"][2 * n :]
+    )  # fmt: skip
+    differing: list[Differing] = []
+    for i, t in enumerate(instants):
+        ours_next = schedule.next_after(t)
+        ours_prev = schedule.previous_at_or_before(t)
+        assert answer["match"][i] and answer["match"][n + i], (expr, zone, t, "not a fire time")
+        checks = [
+            (t, ours_next, nexts_r[i]),  # next
+            (ours_prev - 1, ours_prev, before_prev_r[i]),  # previous: robfig reaches it
+            (ours_prev, ours_next, after_prev_r[i]),  # previous: nothing in (p, t]
+        ]
+        found = [(index, after, ours, theirs) for after, ours, theirs in checks if ours != theirs]
+        tally.add("pairs that differ" if found else "pairs that agree", expr)
+        differing += found
+    return differing
+
+
+def classify(
+    case: Case, differing: Differing, theirs_match: bool, changes: list[int]
+) -> tuple[str, str]:
+    """(class, example) of one comparison where robfig and the runner differ."""
+    expr, zone, _ = case
+    _, after, ours, theirs = differing
+    if theirs is None:
+        cls = "robfig finds nothing"
+    elif theirs <= after:
+        cls = DOCUMENTED[0]
+    elif not theirs_match:
+        cls = DOCUMENTED[1]
+    elif theirs > ours:
+        cls = DOCUMENTED[2]
+    else:
+        cls = "the runner skips a time robfig's fields match"
+    low = min(after, ours, theirs or ours) - 86_400
+    high = max(after, ours, theirs or ours) + 86_400
+    kinds = {change_kind(zone, c) for c in changes if low <= c <= high}
+    if cls in DOCUMENTED and not kinds & {"midnight", "off the hour"}:
+        cls = f"{cls}, but not next to a change at midnight or off the hour"
+    z = ZoneInfo(zone)
+    example = (
+        f"{expr!r} in {zone} after {iso(after, z)}: runner {iso(ours, z)}, robfig {iso(theirs, z)}"
+        f" (changes near: {sorted(kinds)})"
+    )
+    return cls, example
+
+
+def test_fire_times_match_robfig_next(robfig: Oracle, figures: Callable[[str], None]) -> None:
+    rng = random.Random(SEED + 1)
+    changes = {zone: offset_changes(zone) for zone in ZONES}
+    changes["Pacific/Apia"] = [c for c in changes["Pacific/Apia"] if c > APIA_START_S + 86_400]
+    cases = fire_time_cases(rng, changes)
+    schedules = [runner_schedule(expr, zone) for expr, zone, _ in cases]
+    first = robfig([first_request(c, s) for c, s in zip(cases, schedules, strict=True)])
 
     tally = Tally()
-    schedules: list[Schedule | None] = []
-    first_requests = []
-    for expr, zone, instants in cases:
-        try:
-            schedule: Schedule | None = Schedule.parse(expr, zone, 0)
-        except ConfigError as exc:
-            assert "ever matches" in str(exc), (expr, zone, exc)
-            schedule = None
-        schedules.append(schedule)
-        if schedule is None:
-            first_requests.append({"expr": expr, "zone": zone, "next": instants, "match": []})
-            continue
-        prevs = [schedule.previous_at_or_before(t) for t in instants]
-        nexts = [schedule.next_after(t) for t in instants]
-        first_requests.append({
-            "expr": expr, "zone": zone,
-            "next": [*instants, *(p - 1 for p in prevs), *prevs],
-            "match": [*nexts, *prevs],
-        })  # fmt: skip
-    first = robfig(first_requests)
-
-    # (case index, after, ours, robfig's): each comparison that differs, for a second look.
-    differing: list[tuple[int, int, int, int | None]] = []
-    pairs = 0
-    for index, ((expr, zone, instants), schedule, answer) in enumerate(
-        zip(cases, schedules, first, strict=True)
-    ):
-        assert answer["ok"], (expr, answer)
+    differing: list[Differing] = []
+    for index, (case, schedule, answer) in enumerate(zip(cases, schedules, first, strict=True)):
+        assert answer["ok"], (case, answer)
         if schedule is None:
             # ParseStandard accepts a schedule no day or time ever matches; robfig's Next gives
             # up after five years, the runner refuses it at start (there is no slot to run).
-            assert all(n is None for n in answer["next"]), (expr, zone, answer["next"])
-            tally.add("never fires: robfig finds nothing, the runner refuses it", expr)
-            continue
-        n = len(instants)
-        for hung in answer["hung"]:
-            tally.add("robfig never returns", f"{expr!r} in {zone} after {answer['next'][hung]}", zone)
-        nexts_r, before_prev_r, after_prev_r = (
-            answer["next"][:n], answer["next"][n : 2 * n], answer["next"][2 * n :]
-        )
-        ours_match = answer["match"]
-        for i, t in enumerate(instants):
-            pairs += 1
-            ours_next = schedule.next_after(t)
-            ours_prev = schedule.previous_at_or_before(t)
-            assert ours_match[i] and ours_match[n + i], (expr, zone, t, "not a fire time")
-            checks = [
-                (t, ours_next, nexts_r[i]),  # next
-                (ours_prev - 1, ours_prev, before_prev_r[i]),  # previous: robfig reaches it
-                (ours_prev, ours_next, after_prev_r[i]),  # previous: nothing in (p, t]
-            ]
-            agreed = True
-            for after, ours, theirs in checks:
-                if ours != theirs:
-                    differing.append((index, after, ours, theirs))
-                    agreed = False
-            tally.add("pairs that agree" if agreed else "pairs that differ", expr)
-
+            assert all(n is None for n in answer["next"]), (case, answer["next"])
+            tally.add("never fires: robfig finds nothing, the runner refuses it", case[0])
+        else:
+            differing += compare(index, case, schedule, answer, tally)
+    # A second look at robfig's differing answers: are they times its own fields match?
     second = robfig([
         {"expr": cases[i][0], "zone": cases[i][1], "next": [], "match": [theirs or 0]}
         for i, _, _, theirs in differing
     ])  # fmt: skip
-    for (index, after, ours, theirs), answer in zip(differing, second, strict=True):
-        expr, zone, _ = cases[index]
-        z = ZoneInfo(zone)
-        if theirs is None:
-            cls = "robfig finds nothing"
-        elif theirs <= after:
-            cls = DOCUMENTED[0]
-        elif not answer["match"][0]:
-            cls = DOCUMENTED[1]
-        elif theirs > ours:
-            cls = DOCUMENTED[2]
-        else:
-            cls = "the runner skips a time robfig's fields match"
-        near = [c for c in changes[zone] if min(after, ours, theirs or ours) - 86_400 <= c <= max(after, ours, theirs or ours) + 86_400]
-        kinds = {change_kind(zone, c) for c in near}
-        if cls in DOCUMENTED and not kinds & {"midnight", "off the hour"}:
-            cls = f"{cls}, but not next to a change at midnight or off the hour"
-        tally.add(
-            cls,
-            f"{expr!r} in {zone} after {iso(after, z)}: runner {iso(ours, z)}, robfig {iso(theirs, z)}"
-            f" (changes near: {sorted(kinds)})",
-            zone,
-        )
+    for d, answer in zip(differing, second, strict=True):
+        case = cases[d[0]]
+        cls, example = classify(case, d, answer["match"][0], changes[case[1]])
+        tally.add(cls, example, case[1])
 
+    pairs = tally.classes["pairs that agree"] + tally.classes["pairs that differ"]
     figures(
-        f"fire times: {pairs} expression-instant pairs ({len(exprs)} expressions, "
-        f"{len(cases)} expression-zone cases, {len(ZONES)} zones, "
-        f"{sum(len(c) for c in changes.values())} offset changes 2000-2040, seed {SEED})"
+        f"fire times: {pairs} expression-instant pairs "
+        f"({len({c[0] for c in cases})} expressions, {len(cases)} expression-zone cases, "
+        f"{len(ZONES)} zones, {sum(len(c) for c in changes.values())} offset changes "
+        f"2000-2040, seed {SEED})"
     )
     for cls in sorted(tally.classes):
         figures(f"  {cls}: {tally.classes[cls]}")
@@ -376,11 +411,11 @@ def test_fire_times_match_robfig_next(robfig: Oracle, figures: Callable[[str], N
         for example in tally.examples.get(cls, [])[:2]:
             figures(f"  e.g. {cls}: {example}")
     assert pairs >= 10_000
+    allowed = (*DOCUMENTED, "pairs that agree", "pairs that differ")
     faults = {
         cls: tally.examples[cls]
         for cls in tally.classes
-        if cls not in (*DOCUMENTED, "pairs that agree", "pairs that differ")
-        and not cls.startswith("never fires")
+        if cls not in allowed and not cls.startswith("never fires")
     }
     assert not faults, faults
 
