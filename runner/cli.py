@@ -42,7 +42,7 @@ ENVIRONMENT = """environment (flags win over variables):
   CRON_RUNNER_REDIS_CLUSTER      true for Redis Cluster
   CRON_RUNNER_LEASE_TTL          lease TTL (default 30s); renewed every TTL/3
   CRON_RUNNER_CONNECT_TIMEOUT    keep trying to reach Redis this long, then exit 69 (default 10s)
-  CRON_RUNNER_SCHEDULE, _TIMEZONE  cron schedule and IANA zone, for slots
+  CRON_RUNNER_SCHEDULE, _TIMEZONE  cron schedule (as Kubernetes reads it) and IANA zone, for slots
   CRON_RUNNER_SKEW_TOLERANCE     clock-skew tolerance for schedule slots (default 30s)
   CRON_RUNNER_STARTING_DEADLINE  without a Job name, a run this late after its slot records
                                  too_late and does not run (default 300s)
@@ -68,7 +68,7 @@ SETTING_FLAGS = {
     "REDIS_URL": "Redis URL (no password here: use CRON_RUNNER_REDIS_PASSWORD)",
     "LEASE_TTL": "lease TTL, e.g. 30s",
     "CONNECT_TIMEOUT": "how long to keep trying to reach Redis",
-    "SCHEDULE": "cron schedule, e.g. '*/5 * * * *': gives each run its slot",
+    "SCHEDULE": "cron schedule as Kubernetes reads it, e.g. '*/5 * * * *': gives each run its slot",
     "TIMEZONE": "IANA time zone of the schedule, e.g. Europe/Berlin",
     "SKEW_TOLERANCE": "clock-skew tolerance for schedule slots",
     "SHUTDOWN_GRACE": "wait this long after SIGTERM before killing the task",

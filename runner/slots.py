@@ -4,13 +4,14 @@ Two sources, both pure (no Redis, no clock reads):
 
 * **Job names.** The Kubernetes CronJob controller names each Job
   ``<cronjob>-<scheduled time in minutes since the Unix epoch>``, so a pod knows its slot exactly
-  however late it starts (:func:`slot_from_job_name`). This path never imports croniter: a
-  CronJob pod starts cold every time.
+  however late it starts (:func:`slot_from_job_name`). This path never imports the schedule
+  parser (:mod:`runner.cronexpr`): a CronJob pod starts cold every time.
 * **Schedules.** Elsewhere the slot is the latest fire time at or before ``now + tolerance``
-  (:class:`Schedule`, :func:`slot_for`). croniter is imported when the first schedule is parsed.
+  (:class:`Schedule`, :func:`slot_for`), in the controller's own schedule language
+  (:mod:`runner.cronexpr`, robfig/cron v3.0.1's ParseStandard), parsed on first use.
 
-Fire times across daylight-saving changes
------------------------------------------
+Fire times across daylight-saving changes (docs/design.md, The DST rule)
+-------------------------------------------------------------------------
 A fire time is a UTC instant whose wall-clock time in the schedule's zone matches the cron
 fields. So a wall time that a spring-forward skips does not fire that day, and a wall time that a
 fall-back repeats fires twice, an hour apart. This is what robfig/cron v3 does, and therefore what
@@ -18,12 +19,17 @@ the Kubernetes CronJob controller does with ``timeZone`` ("2am nightly job (skip
 nightly job (runs twice)" in its spec tests): the slot a VM computes from the schedule is the
 very slot the controller writes into the Job name.
 
-croniter is used only for calendar arithmetic on naive wall-clock times, where it has no DST
-logic to get wrong; its own time-zone handling (it moves a skipped time to the next valid
-minute, and picks one of two ambiguous instants by proximity) is not used. Wall times are
-mapped to instants here, one stretch of constant UTC offset at a time: within a stretch the
-wall clock is the instant plus a constant, so croniter's answer converts exactly; when it falls
-outside the stretch, the search continues in the neighbouring stretch.
+Except where robfig itself is wrong, and the rule above is kept: within a day of an offset
+change at local midnight (America/Havana, Asia/Tehran until 2022, Africa/Casablanca until 2018,
+...) its ``Next`` can step backwards, return a time its own fields do not match or skip a
+matching day; at a change off the hour (Australia/Lord_Howe's 30 minutes, Pacific/Chatham at
+02:45) it can skip matching times of that hour; across Pacific/Apia's skipped 30 December 2011
+it never returns. tests/schedule/test_robfig_oracle.py compares the two and counts these.
+
+Wall times are matched by :class:`runner.cronexpr.Matcher` on naive wall-clock seconds, where
+there is no DST to get wrong, and mapped to instants here, one stretch of constant UTC offset
+at a time: within a stretch the wall clock is the instant plus a constant, so a match converts
+exactly; when it falls outside the stretch, the search continues in the neighbouring stretch.
 """
 
 from __future__ import annotations
