@@ -27,8 +27,9 @@ ROOT = Path(__file__).resolve().parent.parent
 LEASE_CYCLE = ROOT / "bench" / "lease_cycle.py"
 CONTENDERS = "ping,raw,ours"
 
-# What each throwaway environment holds. croniter is a runtime dependency of the package;
-# the package itself comes from PYTHONPATH, so nothing is installed from the work tree.
+# What each throwaway environment holds (croniter was a runtime dependency when the figures
+# in bench/README.md were taken; the runner no longer needs it, and it is never imported here).
+# The package itself comes from PYTHONPATH, so nothing is installed from the work tree.
 VARIANTS = {
     "redis-5.2.1": ["redis==5.2.1", "croniter==6.2.4"],
     "redis-5.2.1+hiredis": ["redis==5.2.1", "hiredis==3.5.0", "croniter==6.2.4"],
