@@ -379,6 +379,21 @@ def test_n_slash_step_means_n_to_the_maximum(expr: str, expected: list[str]) -> 
     assert fires(expr, "2026-03-01T00:00Z", 5) == expected
 
 
+@pytest.mark.parametrize(
+    ("expr", "expected"),
+    [
+        # N at the field's maximum: N-max/step is the single value N (croniter read it as *).
+        ("59/5 0 * * *", ["2026-03-01 Sun 00:59", "2026-03-02 Mon 00:59"]),
+        ("0 23/2 * * *", ["2026-03-01 Sun 23:00", "2026-03-02 Mon 23:00"]),
+        ("0 0 31/7 * *", ["2026-03-31 Tue 00:00", "2026-05-31 Sun 00:00"]),
+        ("0 0 1 dec/3 *", ["2026-12-01 Tue 00:00", "2027-12-01 Wed 00:00"]),
+        ("0 0 * * sat/2", ["2026-03-07 Sat 00:00", "2026-03-14 Sat 00:00"]),
+    ],
+)
+def test_n_slash_step_at_the_maximum_is_that_single_value(expr: str, expected: list[str]) -> None:
+    assert fires(expr, "2026-03-01T00:00Z", 2) == expected
+
+
 @pytest.mark.parametrize("expr", ["@every 1h", "@every 90s", "@every 1h30m"])
 def test_every_is_refused_outside_a_cronjob_saying_why(expr: str) -> None:
     with pytest.raises(ConfigError) as info:
