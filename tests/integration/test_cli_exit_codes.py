@@ -186,24 +186,38 @@ def test_sigterm_while_redis_is_away_exits_143_without_running(
     assert not effects.exists()
 
 
+@pytest.mark.parametrize(
+    ("schedule", "expected"),
+    [
+        # Kubernetes accepts `@every 1h`: no slots the runner can compute, but a delay.
+        ("@every 1h", (7000, 7200, False)),
+        # One the runner cannot read at all (it never fires): the marker is kept 7 days.
+        ("0 0 30 2 *", (6 * 86_400, 7 * 86_400, True)),
+    ],
+)
 def test_a_schedule_the_runner_cannot_read_does_not_fail_a_run_that_ran(
-    redis_server: RedisServer, r: redis.Redis, effects: Path
+    redis_server: RedisServer,
+    r: redis.Redis,
+    effects: Path,
+    schedule: str,
+    expected: tuple[int, int, bool],
 ) -> None:
-    # Kubernetes accepts `@every 1h`; with a Job name the runner needs the schedule only for
-    # the marker's retention, after the task ran: it keeps the marker 7 days and exits 0.
+    low_s, high_s, fallback = expected
+    # With a Job name the runner needs the schedule only for the marker's retention, after the
+    # task ran: it keeps the marker and exits 0.
     minutes = int(time.time() // 60)
     env = runner_env(
         redis_server.url,
         SIDE_EFFECTS=str(effects),
         CRON_RUNNER_JOB_NAME=f"every-{minutes}",
         CRON_RUNNER_CRONJOB_NAME="every",
-        CRON_RUNNER_SCHEDULE="@every 1h",
+        CRON_RUNNER_SCHEDULE=schedule,
     )
     res = run(["run", "ok"], env)
     assert (res.returncode, outcome(res.stderr)) == (0, "ran"), res.stderr
-    assert any(e.get("event") == "retention_fallback" for e in events(res.stderr))
+    assert any(e.get("event") == "retention_fallback" for e in events(res.stderr)) == fallback
     marker = f"cron-runner:{{default:ok}}:slot:{minutes * 60}"
-    assert 6 * 86_400 < cast(int, r.ttl(marker)) <= 7 * 86_400
+    assert low_s < cast(int, r.ttl(marker)) <= high_s
     assert r.get(LEASE % "ok") is None
     again = run(["run", "ok"], env)
     assert (again.returncode, outcome(again.stderr)) == (0, "skipped_done")
