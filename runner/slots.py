@@ -19,8 +19,8 @@ the Kubernetes CronJob controller does with ``timeZone`` ("2am nightly job (skip
 nightly job (runs twice)" in its spec tests): the slot a VM computes from the schedule is the
 very slot the controller writes into the Job name.
 
-Except where robfig itself is wrong, and the rule above is kept: within a day of an offset
-change at local midnight (America/Havana, Asia/Tehran until 2022, Africa/Casablanca until 2018,
+Except where robfig itself is wrong, and the rule above is kept: when its search passes an
+offset change at local midnight (America/Havana, Asia/Tehran until 2022, Africa/Casablanca until 2018,
 ...) its ``Next`` can step backwards, return a time its own fields do not match or skip a
 matching day; at a change off the hour (Australia/Lord_Howe's 30 minutes, Pacific/Chatham at
 02:45) it can skip matching times of that hour; across Pacific/Apia's skipped 30 December 2011

@@ -9,8 +9,8 @@ time ``p`` must be what robfig's ``Next`` reaches (``Next(p - 1s) == p`` and ``N
 Where they differ, robfig's answer is checked against robfig's own fields (the oracle's
 ``match``): a disagreement is one of robfig's documented DST faults (runner/slots.py,
 docs/design.md) only when robfig's answer goes backwards, is not a time its own fields match,
-or skips a time its fields match, and only within a day of an offset change at local midnight
-or off the hour. Anything else is a runner fault, and there must be none.
+or skips a time its fields match, and only when an offset change at local midnight or off
+the hour lies inside the search (from a day before the instant to a day after both answers). Anything else is a runner fault, and there must be none.
 """
 
 from __future__ import annotations
