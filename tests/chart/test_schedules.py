@@ -96,3 +96,16 @@ def test_the_chart_and_the_runner_agree_on_random_schedules(chart: Chart) -> Non
     assert len(good) > 60 and len(bad) > 60
     wrongly_accepted = [s for s in bad if refusal(chart, s) is None]
     assert wrongly_accepted == []
+
+
+def test_the_watchdog_does_not_expect_an_every_task(chart: Chart) -> None:
+    """Kubernetes accepts @every, whose fire times only the controller knows: the watchdog
+    ignores such a task instead of failing on it every run."""
+    rendered = render(
+        chart,
+        {**values({"hourly": "@every 1h", "nightly": "0 2 * * *"}), "watchdog": {"enabled": True}},
+    )
+    (watchdog,) = [c for c in rendered.of_kind("CronJob") if "watchdog" in c["metadata"]["name"]]
+    args = watchdog["spec"]["jobTemplate"]["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert "--ignore" in args and args[args.index("--ignore") + 1] == "hourly"
+    assert "nightly=0 2 * * *;UTC" in args
