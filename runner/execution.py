@@ -172,6 +172,11 @@ def _cronjob_slot(
     # The annotation has seconds, the name minutes (the controller's getTimeHashInMinutes):
     # the slot stays the name's minute, the one the previous release used too.
     annotated = int(scheduled_at_s // 60) * 60
+    if not slots.MIN_SLOT_MINUTES <= annotated // 60 < slots.MAX_SLOT_MINUTES:
+        raise ConfigError(
+            f"CRON_RUNNER_SCHEDULED_TIMESTAMP says {_utc(max(scheduled_at_s, 0.0))}: expected a "
+            "time from 2015 to 2160, as the CronJob controller writes"
+        )
     if named is not None and named != annotated:
         raise ConfigError(
             f"CRON_RUNNER_JOB_NAME={job_name!r} names the slot {_utc(named)} but "

@@ -17,7 +17,7 @@ from redis.crc import key_slot
 
 from runner import store
 from runner.errors import ConfigError
-from runner.execution import resolve_slot, retention_s
+from runner.execution import resolve_slot, retention_s, stale_slot_reason
 from runner.keys import TaskKeys
 from runner.queue import (
     MAX_MESSAGE_BYTES_LIMIT,
@@ -36,7 +36,7 @@ VARIABLES = [
     "REDIS_TLS_KEY_FILE", "REDIS_SENTINELS", "REDIS_SENTINEL_MASTER", "REDIS_SENTINEL_PASSWORD",
     "REDIS_CLUSTER", "REDIS_MIN_REPLICAS", "KEY_PREFIX", "LEASE_TTL", "CONNECT_TIMEOUT",
     "SKEW_TOLERANCE", "SLOT_RETENTION", "SHUTDOWN_GRACE", "TASK_MODULES", "MODE", "SCHEDULE",
-    "TIMEZONE", "JOB_NAME", "CRONJOB_NAME", "HOLDER", "SCOPE", "LOG_FORMAT", "LOG_LEVEL",
+    "TIMEZONE", "JOB_NAME", "CRONJOB_NAME", "SCHEDULED_TIMESTAMP", "HOLDER", "SCOPE", "LOG_FORMAT", "LOG_LEVEL",
     # Queue mode (runner/queue.py), read by `worker`, `dlq` and an enqueue-mode `run`.
     "MAX_MESSAGE_SIZE", "WORKER_QUEUES", "WORKER_PROCESSES", "WORKER_THREADS",
     "WORKER_POLL_INTERVAL", "QUEUE_HEARTBEAT_TIMEOUT", "QUEUE_MAINTENANCE_CHANCE",
@@ -77,7 +77,7 @@ def _safe_to_use(env: dict[str, str]) -> None:
         assert urlsplit(s.redis.display_url).password is None
         TaskKeys(s.lease.prefix, s.lease.scope, "task").all_keys()
         retention_s(s)
-        resolve_slot(s, time.time())
+        stale_slot_reason(s, resolve_slot(s, time.time()), time.time())
         if not s.redis.cluster:  # Cluster's client reads the slot table at once: that is I/O
             store.connect(s.redis, s.lease.ttl_s).close()
     except ConfigError:
@@ -96,6 +96,14 @@ def _safe_to_use(env: dict[str, str]) -> None:
 @example({"REDIS_URL": "redis://h/0?socket_timeout=x"})
 @example({"SCHEDULE": "* * * * *", "SKEW_TOLERANCE": "9" * 400})
 @example({"TIMEZONE": "x" * 300})
+@example({"SCHEDULED_TIMESTAMP": "0001-01-01T00:00:00+14:00", "JOB_NAME": "x-29579100"})
+@example(
+    {
+        "SCHEDULE": "@every 1h",
+        "JOB_NAME": "x-23667840",
+        "SCHEDULED_TIMESTAMP": "2015-01-01T00:00:00Z",
+    }
+)
 def test_row9_settings_from_any_environment_are_usable_or_a_config_error(
     values: dict[str, str],
 ) -> None:
