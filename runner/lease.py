@@ -444,7 +444,8 @@ class Lease:
             failed = [_as_str(x) for x in reply[3:]]
             raise FinishIncomplete(operation, failed, marked, slot, self.retention_ms)
         # A retried complete answers without the fourth field: its first try indexed the task.
-        if self.indexed and len(reply) > 3 and not _as_str(reply[3]):
+        # Only a run that writes the state hash makes the task known (not a too_late record).
+        if self.indexed and state and len(reply) > 3 and not _as_str(reply[3]):
             try:
                 self.index()
             except RedisError as exc:  # the run is over and recorded: only `status` misses it

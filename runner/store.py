@@ -424,6 +424,11 @@ def _wrong_server(exc: BaseException) -> str | None:
 
 def _config_refusal(text: str) -> str | None:
     """What to change when an error answer means the settings are wrong, else None."""
+    if "unauthenticated" in text:  # Redis refuses a long command before AUTH this way
+        return (
+            "the server requires a password: set CRON_RUNNER_REDIS_PASSWORD (or _PASSWORD_FILE), "
+            "and CRON_RUNNER_REDIS_USERNAME for an ACL user"
+        )
     if "DB index is out of range" in text:
         return (
             "the database in CRON_RUNNER_REDIS_URL (/N) must be below the server's "

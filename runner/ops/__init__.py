@@ -201,16 +201,6 @@ def cmd_check(args: argparse.Namespace, settings: Settings) -> int:
     return Check(settings, sys.stdout).run(strict=args.strict)
 
 
-def _known(status: Any) -> bool:
-    """Ran, runs, or is expected by the watchdog: anything but a name Redis has never seen."""
-    return (
-        status.holder is not None
-        or status.last_run_at is not None
-        or status.schedule is not None
-        or status.last_slot is not None
-    )
-
-
 def _registered(settings: Settings, task: str) -> bool:
     """A task of CRON_RUNNER_TASK_MODULES or the entry points: known, even before it runs."""
     from runner.tasks import Registry  # noqa: PLC0415
@@ -240,7 +230,7 @@ def cmd_status(args: argparse.Namespace, settings: Settings) -> int:
         if not args.task:
             statuses = [s for s in statuses if s.known]
         queues = queue.status_for(client, settings, args.task)
-        if args.task and not (_known(statuses[0]) or queues or _registered(settings, args.task)):
+        if args.task and not (statuses[0].known or queues or _registered(settings, args.task)):
             # A typo, or another scope or prefix: an empty "free, never" row would hide both.
             known = ", ".join(reader.tasks()) or "none"
             raise UnknownTask(

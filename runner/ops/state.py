@@ -71,11 +71,12 @@ class TaskStatus:
 
     @property
     def known(self) -> bool:
-        """Anything recorded at all: a name left in the index by an older release's `forget`
-        (which does not remove it) has no state and no lease, and is not listed."""
+        """Ran, runs, or is expected by the watchdog: anything but a name Redis has never seen
+        (or one left in the scope's index by an older release's `forget`, which does not
+        remove it from there)."""
         return self.holder is not None or self.schedule is not None or (
-            self.last_run_at is not None or self.last_success is not None
-            or self.last_failure is not None
+            self.last_run_at is not None or self.last_slot is not None
+            or self.last_success is not None or self.last_failure is not None
         )  # fmt: skip
 
 

@@ -674,3 +674,5 @@ def test_notes_print_the_per_scope_acl_rule_that_is_tested(chart: Chart) -> None
     assert f"ACL SETUSER team-a on >PASSWORD {SCOPE_RULE.replace('SCOPE', NAMESPACE)}\n" in notes
     values["runner"] = {"keyPrefix": "jobs", "env": {"CRON_RUNNER_SCOPE": "billing"}}
     assert "~jobs:{billing:* " in render(chart, values).notes
+    values["runner"] = {"scope": "shared"}
+    assert "~cron-runner:{shared:* " in render(chart, values).notes

@@ -479,9 +479,8 @@ The ACL rule that confines the release's Redis user to its scope's keys: the sco
 user per scope; the rule is tested word for word there).
 */}}
 {{- define "cron-runner.redis.scopeAcl" -}}
-{{- $scope := include "cron-runner.namespace" . }}
-{{- with .Values.runner.env }}{{ if kindIs "string" .CRON_RUNNER_SCOPE }}{{ $scope = .CRON_RUNNER_SCOPE }}{{ end }}{{ end }}
-{{- $prefix := default "cron-runner" .Values.runner.keyPrefix }}
+{{- $scope := include "cron-runner.scope" . }}
+{{- $prefix := include "cron-runner.keyPrefix" . }}
 {{- $user := default "cron-runner" .Values.redis.auth.username }}
 {{- $commands := "+evalsha +eval +get +set +pexpire +pttl +incr +time +hmget +hget +del +xadd +hset +sadd +ping +smembers +hgetall +xrange +xrevrange +hsetnx +srem" }}
 {{- if and (not .Values.redis.bundled.enabled) (ne (int64 .Values.redis.db) 0) }}{{ $commands = printf "%s +select" $commands }}{{ end }}
