@@ -5,31 +5,48 @@
 # BASE_IMAGE is any Debian-like image with python3 and its venv module: python:3.12-slim for
 # users, a local bookworm base in this repository's tests (scripts/image.sh), where no
 # registry is reachable. Both stages use it, so the venv copied below matches its interpreter.
-ARG BASE_IMAGE=python:3.12-slim
+#
+# The default is pinned by digest, the tag beside it for people: a rebuild gets the same base
+# until the digest is bumped on purpose (image/README.md, Supply chain).
+ARG BASE_IMAGE=python:3.12-slim@sha256:78387bc3881b8273120a12ebe6c1ab22b018ccc2c9adf565ae1ac9b536e184ea
 
 FROM ${BASE_IMAGE} AS builder
-# Extras the image carries, from pyproject.toml: adding one is adding a word here.
-ARG EXTRAS=hiredis,telemetry,queue
+# The extras the image carries (hiredis, telemetry, queue) are those image/requirements.txt
+# is compiled with: adding one is adding a word to IMAGE_EXTRAS in the Makefile, then
+# `make image-lock`.
 ENV PIP_NO_CACHE_DIR=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1 \
     PIP_ROOT_USER_ACTION=ignore
 WORKDIR /src
-COPY pyproject.toml constraints.txt README.md ./
+COPY image/requirements.txt image/build-tools.txt ./image/
+# Every download is checked against a hash locked in image/ (`make image-lock` writes them):
+# the build backend and the SBOM generator in a venv of their own, the runtime's packages in
+# the runner's venv. The wheel of cron-runner itself is built here, from this source.
+RUN python3 -m venv /opt/build-tools \
+ && /opt/build-tools/bin/pip install --require-hashes --no-deps -r image/build-tools.txt \
+ && python3 -m venv /opt/cron-runner \
+ && /opt/cron-runner/bin/pip install --require-hashes --no-deps -r image/requirements.txt
+COPY pyproject.toml README.md ./
 COPY runner ./runner
-# The venv keeps pip, so that `FROM cron-runner` + `pip install their-tasks` works
-# (examples/custom-image); setuptools (Python 3.11's venvs have it) is not needed at run
-# time. Bytecode is compiled once, here, with hashes that are never checked against
-# source mtimes: the root filesystem is read-only at run time.
-RUN python3 -m venv /opt/cron-runner \
- && /opt/cron-runner/bin/pip wheel --no-deps --wheel-dir /wheels . \
- && /opt/cron-runner/bin/pip install --constraint constraints.txt \
-        "$(echo /wheels/redis_cron_runner-*.whl)[${EXTRAS}]" \
- && /opt/cron-runner/bin/pip uninstall --yes --quiet setuptools \
+# The runtime venv ends without pip (and setuptools, which 3.11's venvs carry): nothing in
+# the image can install code at run time. examples/custom-image shows how a user's image
+# adds its tasks. Bytecode is compiled once, here, with hashes that are never checked
+# against source mtimes: the root filesystem is read-only at run time.
+RUN /opt/build-tools/bin/pip wheel --no-deps --no-build-isolation --wheel-dir /wheels . \
+ && /opt/cron-runner/bin/pip install --no-deps --no-index /wheels/redis_cron_runner-*.whl \
+ && /opt/cron-runner/bin/pip check \
+ && /opt/cron-runner/bin/python -m pip uninstall --yes --quiet setuptools pip \
+ && test ! -e /opt/cron-runner/bin/pip \
+ && mkdir -p /opt/cron-runner/share \
+ && /opt/build-tools/bin/cyclonedx-py environment --pyproject pyproject.toml \
+        --output-reproducible --of JSON -o /opt/cron-runner/share/sbom.cdx.json \
+        /opt/cron-runner/bin/python \
  && /opt/cron-runner/bin/python -m compileall -q --invalidation-mode unchecked-hash \
         /opt/cron-runner/lib
 
 FROM ${BASE_IMAGE}
 ARG VERSION=0.1.0
+# /opt/cron-runner/share/sbom.cdx.json: CycloneDX SBOM of the venv's Python packages.
 LABEL org.opencontainers.image.title="cron-runner" \
       org.opencontainers.image.description="Run a scheduled job once and only once across replicas, clusters and servers, with a Redis lease." \
       org.opencontainers.image.source="https://github.com/cron-runner/cron-runner" \

@@ -85,6 +85,23 @@ test-image: $(STAMP)
 image-clean:
 	scripts/image.sh clean
 
+# The image's hash-locked requirements (image/*.txt), from PyPI, with pip-tools in a venv
+# of its own; constraints.txt decides the versions, as it does for `make venv`.
+IMAGE_EXTRAS := hiredis telemetry queue
+LOCK_TOOLS   := .work/lock-tools
+LOCK_PIP_ENV := env -u PIP_FIND_LINKS -u PIP_CONSTRAINT PIP_CONFIG_FILE=/dev/null
+.PHONY: image-lock
+image-lock:
+	test -x $(LOCK_TOOLS)/bin/pip-compile || { $(PYTHON) -m venv $(LOCK_TOOLS) \
+	    && $(LOCK_TOOLS)/bin/pip install -q pip-tools==7.6.2; }
+	$(LOCK_PIP_ENV) $(LOCK_TOOLS)/bin/pip-compile -q --generate-hashes --allow-unsafe \
+	    --strip-extras $(addprefix --extra ,$(IMAGE_EXTRAS)) -c constraints.txt \
+	    --index-url https://pypi.org/simple --no-emit-index-url \
+	    -o image/requirements.txt pyproject.toml image/requirements.in
+	$(LOCK_PIP_ENV) $(LOCK_TOOLS)/bin/pip-compile -q --generate-hashes --allow-unsafe \
+	    --strip-extras --index-url https://pypi.org/simple --no-emit-index-url \
+	    -o image/build-tools.txt image/build-tools.in
+
 # The user's real path, for machines with Docker, kind, helm and kubectl (not CI's).
 e2e-kind:
 	scripts/e2e-kind.sh

@@ -7,12 +7,12 @@ import argparse
 import logging
 import os
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, MutableMapping, Sequence
 from typing import TYPE_CHECKING
 
 from runner import __version__, logs
 from runner.errors import EXIT_TERMINATED, EXIT_USAGE, ConfigError, CronRunnerError, UsageError
-from runner.settings import Settings, load_settings
+from runner.settings import Settings, load_settings, task_environment, url_has_password
 
 if TYPE_CHECKING:
     from runner.execution import RunObserver
@@ -38,6 +38,9 @@ EXIT_CODES = """exit codes:
 ENVIRONMENT = """environment (flags win over variables):
   CRON_RUNNER_REDIS_URL          redis://host:6379/0, rediss://..., unix:///path (default redis://localhost:6379/0)
   CRON_RUNNER_REDIS_USERNAME     ACL user;  CRON_RUNNER_REDIS_PASSWORD  password (keep it in a Secret)
+  CRON_RUNNER_REDIS_PASSWORD_FILE  read the password from this file (a mounted Secret) instead
+  CRON_RUNNER_TASK_SHARES_CREDENTIALS  true: the task inherits the runner's Redis credentials
+                                 (default false: they are removed from the task's environment)
   CRON_RUNNER_REDIS_SENTINELS    host:port,... with CRON_RUNNER_REDIS_SENTINEL_MASTER
   CRON_RUNNER_REDIS_CLUSTER      true for Redis Cluster
   CRON_RUNNER_LEASE_TTL          lease TTL (default 30s); renewed every TTL/3
@@ -288,6 +291,16 @@ def _log_format_asked(argv: Sequence[str]) -> str:
     return "text" if sys.stderr.isatty() else "json"
 
 
+def _hide_credentials(env: MutableMapping[str, str]) -> None:
+    """Settings hold the credentials now: a task, in this process or a child, gets none."""
+    kept = task_environment(env)
+    for name in [n for n in env if n.startswith("CRON_RUNNER_") and env[n] != kept.get(n)]:
+        if name in kept:
+            env[name] = kept[name]
+        else:
+            del env[name]
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args_list = sys.argv[1:] if argv is None else list(argv)
     parser = build_parser(args_list[0] if args_list else None)
@@ -296,8 +309,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         if not getattr(args, "handler", None):
             parser.print_help(sys.stderr)
             return EXIT_USAGE
-        settings = load_settings(os.environ, _flags(args))
+        flags = _flags(args)
+        settings = load_settings(os.environ, flags)
         logs.setup(settings.log.format, settings.log.level)
+        if url_has_password(flags.get("REDIS_URL") or ""):
+            log.warning(
+                "--redis-url carries a password, which any user of this host can read in the "
+                "process list: set CRON_RUNNER_REDIS_PASSWORD_FILE (or _PASSWORD) instead",
+                extra={"event": "password_on_command_line"},
+            )
+        if not settings.run.share_credentials:
+            _hide_credentials(os.environ)
         handler: Callable[[argparse.Namespace, Settings], int] = args.handler
         return handler(args, settings)
     except CronRunnerError as exc:

@@ -32,7 +32,13 @@ from runner.keys import TaskKeys
 from runner.lease import Acquired, Finished, Held, Lease, SlotDone, new_token
 from runner.logs import RunLogger, keeper_logger, run_logger
 from runner.settings import Settings
-from runner.store import open_connection, replicas_acknowledged, wait_timeout_ms, with_deadline
+from runner.store import (
+    open_connection,
+    replicas_acknowledged,
+    wait_reply_timeout_s,
+    wait_timeout_ms,
+    with_deadline,
+)
 from runner.targets import CommandTarget, Target, reap_orphans
 from runner.tasks import RunContext
 
@@ -509,15 +515,23 @@ class Execution:
         wanted = self.settings.redis.min_replicas
         if wanted <= 0:
             return
-        timeout_ms = wait_timeout_ms(self.settings.lease.ttl_s)
+        ttl_s = self.settings.lease.ttl_s
+        timeout_ms = wait_timeout_ms(ttl_s)
         try:
-            acked = replicas_acknowledged(self.client, self.keys.lease, wanted, timeout_ms)
+            acked: int | None = replicas_acknowledged(
+                self.client, self.keys.lease, wanted, timeout_ms, wait_reply_timeout_s(ttl_s)
+            )
         except RedisError as exc:
-            acked = 0
+            acked = None
             self.log.warning(f"WAIT failed: {exc}", extra={"event": "wait_failed"})
-        if acked < wanted:
+        if acked is None or acked < wanted:
+            counted = (
+                f"WAIT got no reply: unknown whether {wanted} replicas"
+                if acked is None
+                else f"only {acked} of {wanted} replicas"
+            )
             reason = (
-                f"only {acked} of {wanted} replicas acknowledged the lease within {timeout_ms} ms; "
+                f"{counted} acknowledged the lease within {timeout_ms} ms; "
                 "released it without running (CRON_RUNNER_REDIS_MIN_REPLICAS)"
             )
             self._release(UNAVAILABLE, StoreUnavailable.exit_code, reason)

@@ -20,6 +20,10 @@ def validate_name(what: str, value: str) -> str:
     return value
 
 
+def scope_index(prefix: str, scope: str) -> str:
+    return f"{prefix}:{{{scope}:}}:tasks"
+
+
 @dataclass(frozen=True)
 class TaskKeys:
     prefix: str
@@ -34,6 +38,13 @@ class TaskKeys:
             )
         validate_name("scope", self.scope)
         validate_name("task name", self.task)
+
+    @property
+    def index(self) -> str:
+        """The scope's set of task names, for status and the watchdog under an ACL without
+        SCAN. Its hash tag is the scope and a colon, so the per-scope ACL pattern
+        ``~PREFIX:{SCOPE:*`` covers it like the tasks' keys (docs/reliability.md)."""
+        return scope_index(self.prefix, self.scope)
 
     @property
     def base(self) -> str:
@@ -65,3 +76,18 @@ class TaskKeys:
 
     def all_keys(self, slot_epoch_s: int = 0) -> list[str]:
         return [self.lease, self.fence, self.meta, self.runs, self.state, self.slot(slot_epoch_s)]
+
+
+#: `cron-runner check` runs the lease scripts on a task named like this: the leading '_' is
+#: outside NAME_RE, so no real task can have it, and status and the watchdog skip it.
+SCRATCH_TASK_PREFIX = "_cron-runner-check-"
+
+
+@dataclass(frozen=True)
+class ScratchKeys(TaskKeys):
+    """The keys of `check`'s scratch task, in the scope's keyspace like any task's."""
+
+    def __post_init__(self) -> None:
+        TaskKeys(self.prefix, self.scope, "check")  # validates prefix and scope
+        if not self.task.startswith(SCRATCH_TASK_PREFIX):
+            raise ValueError(f"a scratch task name starts with {SCRATCH_TASK_PREFIX!r}")

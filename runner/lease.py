@@ -7,12 +7,13 @@ first, and a stale holder gets ``LeaseNotOwned`` having changed nothing.
 from __future__ import annotations
 
 import hashlib
+import logging
 import secrets
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from redis.exceptions import NoScriptError
+from redis.exceptions import NoScriptError, RedisError
 
 from runner import clock
 from runner.errors import (
@@ -22,6 +23,8 @@ from runner.errors import (
     ProtocolRefused,
 )
 from runner.keys import TaskKeys
+
+log = logging.getLogger("runner")
 
 # The protocol this code speaks, and the oldest it shares a Redis with. Version 1 is b170e33
 # and before, which stores no version; 2 keeps every key and field of 1, so they interoperate.
@@ -70,6 +73,9 @@ end
 if current then
   return {'held', current, redis.call('PTTL', KEYS[1])}
 end
+-- The key does not exist, so this changes nothing; but an ACL without PEXPIRE refuses it
+-- here, before the task starts, rather than at every renewal until the lease is lost.
+redis.call('PEXPIRE', KEYS[1], ARGV[2])
 redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
 -- Never below the server's clock in milliseconds: a counter lost with Redis's data (a restart
 -- without persistence, a failover to a lagging replica) starts again above every fence handed
@@ -174,7 +180,13 @@ end
 if #failed > 0 then
   return {'partial', marked, stale, unpack(failed)}
 end
-return {'ok', marked, stale}
+-- Whether the task is in its scope's index yet (Lease.index: once per task). Read with
+-- pcall: a refusal here must not turn a finished run into a partial one.
+local indexed = redis.pcall('HGET', KEYS[3], 'indexed')
+if type(indexed) ~= 'string' then
+  indexed = type(indexed) == 'table' and '?' or ''
+end
+return {'ok', marked, stale, indexed}
 """
 
 # `cron-runner unlock`, the admin escape hatch. KEYS: lease, runs   ARGV: holder ('' deletes
@@ -338,8 +350,10 @@ class Lease:
         runs_maxlen: int = 1000,
         definition: str = "",
         redefine: bool = False,
+        indexed: bool = True,
     ) -> None:
         self.client = client
+        self.indexed = indexed  # False: a scratch task (check), kept out of the scope's index
         self.keys = keys
         self.token = token
         self.ttl_ms = ttl_ms
@@ -429,7 +443,28 @@ class Lease:
         if _as_str(reply[0]) == "partial":
             failed = [_as_str(x) for x in reply[3:]]
             raise FinishIncomplete(operation, failed, marked, slot, self.retention_ms)
+        # A retried complete answers without the fourth field: its first try indexed the task.
+        # Only a run that writes the state hash makes the task known (not a too_late record).
+        if self.indexed and state and len(reply) > 3 and not _as_str(reply[3]):
+            try:
+                self.index()
+            except RedisError as exc:  # the run is over and recorded: only `status` misses it
+                log.warning(
+                    f"could not add {self.keys.task} to the scope's task index "
+                    f"{self.keys.index} ({exc}): `status` and `watchdog` under an ACL "
+                    "without +scan will not list it (the ACL needs +sadd)",
+                    extra={"event": "index_failed", "task": self.keys.task},
+                )
         return Finished(stale_state=stale)
+
+    def index(self) -> None:
+        """Add the task to its scope's index, then mark it so in its state hash: once per
+        task, and again if the first try failed between the two. Two key slots, so not in
+        the script; one round trip for both, as a pipeline (on Cluster, one per node)."""
+        pipe: Any = self.client.pipeline(transaction=False)  # type: ignore[attr-defined]
+        pipe.sadd(self.keys.index, self.keys.task)
+        pipe.hset(self.keys.state, "indexed", "1")
+        pipe.execute()
 
     @staticmethod
     def _check_owner(operation: str, reply: Any) -> None:

@@ -27,6 +27,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from redis.exceptions import NoPermissionError
+
 from runner import clock
 from runner.errors import ConfigError, UnknownTask
 from runner.keys import TaskKeys
@@ -685,10 +687,29 @@ def status_for(client: Any, settings: Settings, task: str | None = None) -> list
     """For ``cron-runner status``: every queue that has keys, or the queue ``task`` is on.
     Empty when queue mode is not in use, so run-mode users see nothing new."""
     namespace = namespace_for(settings)
-    queues = discover_queues(client, namespace)
+    try:
+        queues = discover_queues(client, namespace)
+    except NoPermissionError:
+        # A per-scope ACL has no SCAN (docs/reliability.md): the queues of the tasks known
+        # here, shown when they hold messages, as SCAN would have found them.
+        queues = {_status_queue(settings, t) for t in _known_tasks(settings)}
+        if task is not None:
+            queues &= {_status_queue(settings, task)}
+        try:
+            rows = queue_stats(client, namespace, queues) if queues else []
+        except NoPermissionError:  # a run-mode team's rule has no queue keys: no queues
+            return []
+        return [q for q in rows if q.ready or q.in_flight or q.delayed or q.dead]
     if task is not None:
         queues &= {_status_queue(settings, task)}
     return queue_stats(client, namespace, queues) if queues else []
+
+
+def _known_tasks(settings: Settings) -> list[str]:
+    try:
+        return Registry.discover(settings.run.task_modules).names()
+    except ConfigError:
+        return []
 
 
 def _status_queue(settings: Settings, task: str) -> str:

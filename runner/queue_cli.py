@@ -142,12 +142,23 @@ def cmd_worker(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def _task_queue(settings: Settings, task: str, queue: str | None) -> str:
+    from runner.errors import UnknownTask  # noqa: PLC0415
+    from runner.keys import validate_name  # noqa: PLC0415
     from runner.queue import registered_queue  # noqa: PLC0415
     from runner.tasks import Registry  # noqa: PLC0415
 
+    validate_name("TASK", task)
     if queue:
         return queue
-    return registered_queue(Registry.discover(settings.run.task_modules), task) or task
+    registry = Registry.discover(settings.run.task_modules)
+    found = registered_queue(registry, task)
+    if found is None:
+        known = ", ".join(registry.names()) or "none registered"
+        raise UnknownTask(
+            f"dlq: unknown task {task!r} (known tasks: {known}): for a task no longer "
+            "registered here, name its queue with --queue"
+        )
+    return found
 
 
 def cmd_dlq(args: argparse.Namespace, settings: Settings) -> int:

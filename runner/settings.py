@@ -11,7 +11,7 @@ import socket
 import sys
 from collections.abc import Mapping
 from typing import NamedTuple
-from urllib.parse import SplitResult, unquote, urlsplit
+from urllib.parse import SplitResult, parse_qsl, unquote, urlencode, urlsplit
 
 from runner.errors import ConfigError
 from runner.keys import PREFIX_RE, validate_name
@@ -20,12 +20,24 @@ ENV_PREFIX = "CRON_RUNNER_"
 MIN_TTL_S = 1.0
 MAX_DURATION_S = 10 * 365 * 86400.0
 
-_DURATION_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h)?\s*$")
+# [0-9], not \d: \d also matches Arabic-Indic and fullwidth digits, which float() reads.
+_DURATION_RE = re.compile(r"^[ \t]*([0-9]+(?:\.[0-9]+)?)[ \t]*(ms|s|m|h)?[ \t]*\Z")
 _UNIT_S = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, None: 1.0}
 DURATION_FORM = "a number of seconds or a number with a unit: '30', '30s', '1m', '500ms', '1h'"
 _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"0", "false", "no", "off", ""}
 _SECRETS = frozenset({"password", "sentinel_password"})
+# The runner's own credentials: removed from the task's environment (task_environment).
+CREDENTIAL_VARIABLES = tuple(
+    ENV_PREFIX + name
+    for name in ("REDIS_PASSWORD", "REDIS_PASSWORD_FILE", "REDIS_SENTINEL_PASSWORD",
+                 "REDIS_SENTINEL_PASSWORD_FILE")
+)  # fmt: skip
+# URL query options: credentials only (moved to their fields, so that the URL is safe to show).
+# redis-py would pass any other as a keyword to its connection (a TypeError for '?foo=bar') and
+# let '?socket_timeout=' override the timeouts the lease depends on.
+_URL_CREDENTIAL_OPTIONS = ("username", "password")
+_URL_SECRET_RE = re.compile(r"([?&](?:[^=&#]*password)=)[^&#]*", re.IGNORECASE)
 
 
 def parse_duration(value: str, origin: str) -> float:
@@ -116,6 +128,8 @@ class RunSettings(NamedTuple):
     shutdown_grace_s: float = 25.0
     mode: str = "run"
     task_modules: tuple[str, ...] = ()
+    # The task's environment keeps the runner's Redis credentials (off: see task_environment).
+    share_credentials: bool = False
 
 
 class LogSettings(NamedTuple):
@@ -154,11 +168,13 @@ DEFAULTS = Settings()
 
 
 def redact_url(url: str) -> str:
-    """The URL with everything between ``://`` and its last ``@`` masked, the user name aside.
+    """The URL with everything between ``://`` and its last ``@`` masked, the user name aside,
+    and the value of any ``password=`` in its query.
 
     Done on the text, not on a parse: an unencoded '/', '#' or '?' in a password ends the
     host part for ``urlsplit``, which would then find no credentials to hide.
     """
+    url = _URL_SECRET_RE.sub(r"\1***", url)
     scheme, sep, rest = url.partition("://")
     userinfo, at, hostpart = rest.rpartition("@")
     if not sep or not at:
@@ -167,11 +183,40 @@ def redact_url(url: str) -> str:
     return f"{scheme}://{user + ':' if user else ''}***@{hostpart}"
 
 
+def url_has_password(url: str) -> bool:
+    try:
+        return bool(urlsplit(url).password) or _URL_SECRET_RE.search(url) is not None
+    except ValueError:
+        return False
+
+
+def task_environment(env: Mapping[str, str]) -> dict[str, str]:
+    """The environment a task inherits: without the runner's Redis credentials, so that a task
+    cannot use them to unlock, forget or re-fence another task's lease (docs/design.md)."""
+    out = {k: v for k, v in env.items() if k not in CREDENTIAL_VARIABLES}
+    url_var = ENV_PREFIX + "REDIS_URL"
+    if url_var in out:
+        try:
+            out[url_var] = _without_credentials(out[url_var])
+        except ValueError:  # not a URL the runner would have accepted: nothing to keep
+            del out[url_var]
+    return out
+
+
 def _without_credentials(url: str) -> str:
+    """The URL without user, password and credential query options (they have their fields)."""
     parts = urlsplit(url)
-    if parts.username is None and parts.password is None:
+    query = [
+        (k, v) for k, v in parse_qsl(parts.query, keep_blank_values=True)
+        if k.lower() not in _URL_CREDENTIAL_OPTIONS
+    ]  # fmt: skip
+    if (
+        parts.username is None
+        and parts.password is None
+        and len(query) == len(parse_qsl(parts.query, keep_blank_values=True))
+    ):
         return url
-    return parts._replace(netloc=parts.netloc.rpartition("@")[2]).geturl()
+    return parts._replace(netloc=parts.netloc.rpartition("@")[2], query=urlencode(query)).geturl()
 
 
 class _Source:
@@ -192,11 +237,15 @@ class _Source:
             return value.strip(), var
         return None, var
 
-    def duration(self, name: str, default: float, *, minimum_s: float = 0.0) -> float:
+    def duration(
+        self, name: str, default: float, *, minimum_s: float = 0.0, zero: bool = False
+    ) -> float:
         value, origin = self.get(name)
         if value is None:
             return default
         seconds = parse_duration(value, origin)
+        if zero and seconds == 0:
+            return seconds
         if seconds < minimum_s or seconds <= 0:
             raise ConfigError(
                 f"{origin}={value!r} is too small: expected at least {minimum_s or 0.001:g}s"
@@ -244,23 +293,9 @@ def _redis(src: _Source) -> RedisSettings:
         "(percent-encode '/', '#', '?' and '@' in a password, or set CRON_RUNNER_REDIS_PASSWORD)"
     )
     parts = _split_url(url, origin, form)
-    shown = redact_url(url)
-    if parts.scheme not in ("redis", "rediss", "unix"):
-        raise ConfigError(f"{origin}={shown!r} is not a Redis URL: expected {form}")
-    try:
-        port = parts.port
-    except ValueError as exc:
-        raise ConfigError(f"{origin}={shown!r} has a bad port: expected {form}") from exc
-    if parts.scheme != "unix" and not parts.hostname:
-        raise ConfigError(f"{origin}={shown!r} has no host: expected {form}")
-    if parts.scheme == "unix" and not parts.path:
-        raise ConfigError(f"{origin}={shown!r} has no socket path: expected {form}")
-    db = parts.path.strip("/") if parts.scheme != "unix" else ""
-    if db and not _whole_number(db):
-        raise ConfigError(f"{origin}={shown!r} has a bad database {db!r}: expected a number")
-    del port
+    options = _check_url(parts, f"{origin}={redact_url(url)!r}", form)
 
-    password, _ = src.get("REDIS_PASSWORD")
+    password = _secret(src, "REDIS_PASSWORD")
     username, _ = src.get("REDIS_USERNAME")
     sentinels_raw, sentinels_origin = src.get("REDIS_SENTINELS")
     sentinels: list[tuple[str, int]] = []
@@ -272,9 +307,10 @@ def _redis(src: _Source) -> RedisSettings:
             raise ConfigError(
                 f"{sentinels_origin} entry {item.strip()!r} is not valid: expected host:port[,host:port...]"
             )
+        _check_host(host.strip("[]"), f"{sentinels_origin} entry {item.strip()!r}")
         sentinels.append((host, int(port_s)))
     master, _ = src.get("REDIS_SENTINEL_MASTER")
-    sentinel_password, _ = src.get("REDIS_SENTINEL_PASSWORD")
+    sentinel_password = _secret(src, "REDIS_SENTINEL_PASSWORD")
     min_replicas_raw, min_origin = src.get("REDIS_MIN_REPLICAS")
     if min_replicas_raw is not None and not _whole_number(min_replicas_raw):
         raise ConfigError(
@@ -293,8 +329,10 @@ def _redis(src: _Source) -> RedisSettings:
     return RedisSettings(
         # Credentials move to their own fields, so the URL is safe to show anywhere.
         url=_without_credentials(url),
-        username=username or (unquote(parts.username) if parts.username else None),
-        password=password or (unquote(parts.password) if parts.password else None),
+        username=username
+        or (unquote(parts.username) if parts.username else options.get("username")),
+        password=password
+        or (unquote(parts.password) if parts.password else options.get("password")),
         tls_ca_file=tls["CA"][0],
         tls_cert_file=tls["CERT"][0],
         tls_key_file=tls["KEY"][0],
@@ -305,6 +343,100 @@ def _redis(src: _Source) -> RedisSettings:
         min_replicas=int(min_replicas_raw or 0),
         connect_timeout_s=src.duration("CONNECT_TIMEOUT", DEFAULTS.redis.connect_timeout_s),
     )
+
+
+def _check_url(parts: SplitResult, where: str, form: str) -> dict[str, str]:
+    """Refuse what redis-py would misread or crash on; return the URL's credential options."""
+    if parts.scheme not in ("redis", "rediss", "unix"):
+        raise ConfigError(f"{where} is not a Redis URL: expected {form}")
+    try:
+        port = parts.port
+    except ValueError as exc:
+        raise ConfigError(f"{where} has a bad port: expected {form}") from exc
+    if port == 0:  # redis-py would quietly connect to 6379
+        raise ConfigError(f"{where} has port 0: expected a port from 1 to 65535")
+    if parts.scheme != "unix" and not parts.hostname:
+        raise ConfigError(f"{where} has no host: expected {form}")
+    if parts.scheme != "unix":
+        _check_host(parts.hostname or "", where)
+    if parts.scheme == "unix" and not parts.path:
+        raise ConfigError(f"{where} has no socket path: expected {form}")
+    db = parts.path.strip("/") if parts.scheme != "unix" else ""
+    if db and not _whole_number(db):
+        raise ConfigError(f"{where} has a bad database {db!r}: expected a number")
+    return _url_options(parts.query, where)
+
+
+_URL_OPTIONS_FORM = (
+    "no query options, or only ?password=... / ?username=... (better: CRON_RUNNER_REDIS_PASSWORD"
+    "_FILE); timeouts come from CRON_RUNNER_LEASE_TTL and CRON_RUNNER_CONNECT_TIMEOUT, the "
+    "database from the path (/0)"
+)
+
+
+def _url_options(query: str, where: str) -> dict[str, str]:
+    """The credentials in the URL's query; any other option is refused (see
+    _URL_CREDENTIAL_OPTIONS)."""
+    try:
+        pairs = parse_qsl(query, keep_blank_values=True, strict_parsing=bool(query))
+    except ValueError as exc:
+        raise ConfigError(f"{where} has a malformed query: expected {_URL_OPTIONS_FORM}") from exc
+    options: dict[str, str] = {}
+    for name, value in pairs:
+        if name.lower() not in _URL_CREDENTIAL_OPTIONS:
+            raise ConfigError(
+                f"{where}: URL option {name[:40]!r} is not supported: expected {_URL_OPTIONS_FORM}"
+            )
+        options[name.lower()] = value
+    return options
+
+
+def _check_host(host: str, where: str) -> None:
+    """What the resolver would refuse with a UnicodeError: a label over 63 characters, a name
+    over 253, or one that has no IDNA form."""
+    if host.startswith("[") or ":" in host:  # an IPv6 address; urlsplit has checked brackets
+        return
+    try:
+        encoded = host.encode("idna")
+    except UnicodeError as exc:
+        raise ConfigError(
+            f"{where}: the host name is not valid ({exc}): expected DNS labels of 1-63 "
+            "characters, at most 253 in all"
+        ) from exc
+    if len(encoded) > 253 or any(len(label) > 63 for label in encoded.split(b".")):
+        raise ConfigError(
+            f"{where}: the host name is too long: expected DNS labels of 1-63 characters, at "
+            "most 253 in all"
+        )
+
+
+_SECRET_FILE_MAX_CHARS = 4096
+
+
+def _secret(src: _Source, name: str) -> str | None:
+    """A password from ``CRON_RUNNER_<name>``, or read from the file ``CRON_RUNNER_<name>_FILE``
+    names (a mounted Secret: nothing in the environment for a task or `ps e` to read)."""
+    value, origin = src.get(name)
+    path, path_origin = src.get(name + "_FILE")
+    if path is None:
+        return value
+    if value is not None:
+        raise ConfigError(f"{origin} and {path_origin} are both set: set one")
+    try:
+        with open(path, encoding="utf-8") as f:  # noqa: PTH123 - a path string from env
+            # Bounded: a path such as /dev/zero must not hold the start-up forever.
+            secret = f.read(_SECRET_FILE_MAX_CHARS + 1).rstrip("\r\n")
+    except (OSError, UnicodeError, ValueError) as exc:
+        raise ConfigError(
+            f"{path_origin}={path[:200]!r} cannot be read ({type(exc).__name__}): expected a "
+            "readable file holding the password"
+        ) from exc
+    if not secret or len(secret) > _SECRET_FILE_MAX_CHARS:
+        raise ConfigError(
+            f"{path_origin}={path[:200]!r} is empty or longer than {_SECRET_FILE_MAX_CHARS} "
+            "characters: expected the password"
+        )
+    return secret
 
 
 def _check_tls_files(tls: Mapping[str, tuple[str | None, str]]) -> None:
@@ -361,9 +493,10 @@ def _lease(src: _Source) -> LeaseSettings:
     if scope is not None:
         validate_name(scope_origin, scope)
     holder, holder_origin = src.get("HOLDER")
-    if holder is not None and (len(holder) > 253 or any(c.isspace() for c in holder)):
+    if holder is not None and (len(holder) > 253 or not holder.isprintable() or " " in holder):
         raise ConfigError(
-            f"{holder_origin}={holder!r} is not valid: expected at most 253 characters, no spaces"
+            f"{holder_origin}={holder[:260]!r} is not valid: expected at most 253 printable "
+            "characters, no spaces"
         )
     holder = holder or default_holder()
     # The cluster (or site) goes in front of the holder, so the lease, every run's log lines
@@ -419,7 +552,8 @@ def _slots(src: _Source) -> SlotSettings:
         scheduled_at_s=None if scheduled is None else _rfc3339(scheduled, scheduled_origin),
         schedule=schedule,
         timezone=tz or DEFAULTS.slots.timezone,
-        skew_tolerance_s=src.duration("SKEW_TOLERANCE", DEFAULTS.slots.skew_tolerance_s),
+        # 0: clocks are trusted to agree (NTP-disciplined hosts); a slot is claimed only once due.
+        skew_tolerance_s=src.duration("SKEW_TOLERANCE", DEFAULTS.slots.skew_tolerance_s, zero=True),
         job_name=job_name,
         cronjob_name=cronjob_name,
         starting_deadline_s=src.duration("STARTING_DEADLINE", DEFAULTS.slots.starting_deadline_s),
@@ -486,6 +620,7 @@ def load_settings(
             shutdown_grace_s=src.duration("SHUTDOWN_GRACE", DEFAULTS.run.shutdown_grace_s),
             mode=src.choice("MODE", "run", ("run", "enqueue")),
             task_modules=tuple(m.strip() for m in (modules_raw or "").split(",") if m.strip()),
+            share_credentials=src.boolean("TASK_SHARES_CREDENTIALS", False),
         ),
         log=LogSettings(
             format=src.choice("LOG_FORMAT", log_format_default, ("json", "text")),

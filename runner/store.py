@@ -75,7 +75,9 @@ def socket_timeout_s(ttl_s: float) -> float:
 def _common_kwargs(settings: RedisSettings, ttl_s: float) -> dict[str, Any]:
     kwargs: dict[str, Any] = {
         "decode_responses": True,
-        "socket_timeout": socket_timeout_s(ttl_s),
+        # Never above the connect deadline: one try against a server that accepts and never
+        # answers must not outlast it.
+        "socket_timeout": min(socket_timeout_s(ttl_s), settings.connect_timeout_s),
         "socket_connect_timeout": max(0.1, min(2.0, settings.connect_timeout_s / 3)),
         # Skip CLIENT SETINFO: two round trips on every cold start of a CronJob pod.
         "lib_name": None,
@@ -202,9 +204,52 @@ def connect(settings: RedisSettings, ttl_s: float, *, decode_responses: bool = T
         primary._recheck_at = clock.monotonic() + primary.recheck_s  # connecting asks anyway
         return primary
     try:
-        return redis.Redis.from_url(settings.url, **kwargs)
+        pool = redis.ConnectionPool.from_url(settings.url, **kwargs)
     except ValueError as exc:
         raise _url_options_refused(settings, exc) from exc
+    if settings.url.startswith("rediss://"):
+        pool.connection_class = TlsConnection
+    client = redis.Redis(connection_pool=pool)
+    client.auto_close_connection_pool = True  # as Redis.from_url does
+    return client
+
+
+class PlainServer(OSError):
+    """The TLS handshake got no answer, and the server answers plain Redis: rediss:// is wrong."""
+
+
+class TlsConnection(redis.connection.SSLConnection):
+    """A plain Redis reads a TLS ClientHello as the start of a command and waits for the rest:
+    the handshake would only time out, which looks like a server that is away (exit 69) and is
+    retried until the deadline. When it times out, one plain PING tells the two apart."""
+
+    def _connect(self) -> Any:
+        # The handshake is part of connecting: it gets the connect timeout, not the read one.
+        read_timeout_s = self.socket_timeout
+        self.socket_timeout = self.socket_connect_timeout
+        try:
+            sock = super()._connect()
+        except (TimeoutError, ssl.SSLError) as exc:
+            if isinstance(exc, ssl.SSLError) and "timed out" not in str(exc):
+                raise
+            if _answers_plain_redis(self.host, self.port, self.socket_connect_timeout or 1.0):
+                raise PlainServer(f"{self.host}:{self.port} answers plain Redis, not TLS") from exc
+            raise
+        finally:
+            self.socket_timeout = read_timeout_s
+        sock.settimeout(read_timeout_s)
+        return sock
+
+
+def _answers_plain_redis(host: str, port: int, timeout_s: float) -> bool:
+    import socket  # noqa: PLC0415 - only on a failed TLS handshake
+
+    try:
+        with socket.create_connection((host, port), timeout=min(timeout_s, 1.0)) as sock:
+            sock.sendall(b"PING\r\n")
+            return sock.recv(1) in (b"+", b"-")
+    except OSError:
+        return False
 
 
 def open_connection(client: Any, key: str) -> None:
@@ -269,20 +314,58 @@ def _db(url: str) -> int:
 
 
 def wait_timeout_ms(ttl_s: float) -> int:
-    """How long WAIT may block: inside the socket timeout, which would otherwise cut it off."""
-    return int(socket_timeout_s(ttl_s) * 0.8 * 1000)
+    """How long WAIT may block: a sixth of the TTL at most, so that its reply has as long
+    again to arrive (wait_reply_timeout_s) and the lease is still fresh when the task starts."""
+    return int(min(socket_timeout_s(ttl_s) * 0.8, ttl_s / 6) * 1000)
 
 
-def replicas_acknowledged(client: Any, key: str, wanted: int, timeout_ms: int) -> int:
-    """``WAIT wanted timeout_ms`` on the connection and node that wrote ``key``.
+def wait_reply_timeout_s(ttl_s: float) -> float:
+    """How long the WAIT reply may take: one renew interval (ttl/3), twice the WAIT timeout.
+
+    With the socket timeout instead (ttl/4), a 1.5 s TTL left 75 ms between WAIT's own timeout
+    and the socket's: a reply delayed by a busy host was read as no replica at all."""
+    return max(socket_timeout_s(ttl_s), ttl_s / 3)
+
+
+class WaitUnanswered(RedisTimeoutError):
+    """WAIT sent, no reply within wait_reply_timeout_s: the count is unknown, not 0."""
+
+
+def replicas_acknowledged(
+    client: Any, key: str, wanted: int, timeout_ms: int, reply_timeout_s: float
+) -> int:
+    """``WAIT wanted timeout_ms`` on the connection and node that wrote ``key``, its reply
+    read within ``reply_timeout_s`` rather than the client's socket timeout.
 
     On Cluster, redis-py would send WAIT to every primary and add up the answers; it must go
     to the node that holds the key's slot, which is where the acquisition was written.
     """
     get_node = getattr(client, "get_node_from_key", None)
     if get_node is None:
-        return int(client.wait(wanted, timeout_ms))
-    return int(client.execute_command("WAIT", wanted, timeout_ms, target_nodes=get_node(key)))
+        pool = client.connection_pool
+    else:
+        pool = client.get_redis_connection(get_node(key)).connection_pool
+    # The pool hands back the connection it was last given (LIFO): the one that wrote the key,
+    # which WAIT must run on (it counts the replication offset of this connection's writes).
+    try:
+        connection = pool.get_connection()
+    except TypeError:  # redis-py 5.2 wants a command name
+        connection = pool.get_connection("WAIT")
+    try:
+        connection.send_command("WAIT", wanted, timeout_ms)
+        sock = connection._sock
+        sock.settimeout(reply_timeout_s)
+        try:
+            return int(connection.read_response())
+        except RedisTimeoutError as exc:
+            raise WaitUnanswered(
+                f"no reply to WAIT within {reply_timeout_s * 1000:.0f} ms"
+            ) from exc
+        finally:
+            if connection._sock is not None:
+                connection._sock.settimeout(connection.socket_timeout)
+    finally:
+        pool.release(connection)
 
 
 def _caused_by(exc: BaseException, kind: type[E]) -> E | None:
@@ -321,6 +404,44 @@ def _sentinel_refusal(exc: BaseException) -> str | None:
     return None
 
 
+_CLUSTER_OFF = "Cluster mode is not enabled on this node"
+
+
+def _wrong_server(exc: BaseException) -> str | None:
+    """Why a connection error is the settings' fault (no retry helps), else None."""
+    if _caused_by(exc, PlainServer) is not None:
+        return (
+            "the URL says rediss:// (TLS) but the server answers plain Redis: use redis://, "
+            "or turn TLS on at the server"
+        )
+    if _CLUSTER_OFF in str(exc):
+        return (
+            f"not a Redis Cluster ({_CLUSTER_OFF}): unset CRON_RUNNER_REDIS_CLUSTER, or point "
+            "CRON_RUNNER_REDIS_URL at a cluster node"
+        )
+    return None
+
+
+def _config_refusal(text: str) -> str | None:
+    """What to change when an error answer means the settings are wrong, else None."""
+    if "unauthenticated" in text:  # Redis refuses a long command before AUTH this way
+        return (
+            "the server requires a password: set CRON_RUNNER_REDIS_PASSWORD (or _PASSWORD_FILE), "
+            "and CRON_RUNNER_REDIS_USERNAME for an ACL user"
+        )
+    if "DB index is out of range" in text:
+        return (
+            "the database in CRON_RUNNER_REDIS_URL (/N) must be below the server's "
+            "'databases' setting (16 by default)"
+        )
+    if "unknown command 'SENTINEL'" in text or "unknown command `SENTINEL`" in text:
+        return (
+            "CRON_RUNNER_REDIS_SENTINELS names a plain Redis, not a sentinel: list the "
+            "sentinels (port 26379 by default), or unset it and set CRON_RUNNER_REDIS_URL"
+        )
+    return None
+
+
 def with_deadline(
     call: Callable[[], T],
     *,
@@ -340,10 +461,16 @@ def with_deadline(
         try:
             return call()
         except AuthenticationError as exc:
-            raise ConfigError(f"Redis at {where} refused the credentials: {exc}") from exc
+            raise ConfigError(
+                f"Redis at {where} refused the credentials: {exc}: check "
+                "CRON_RUNNER_REDIS_PASSWORD (or _PASSWORD_FILE) and CRON_RUNNER_REDIS_USERNAME"
+            ) from exc
         except NoPermissionError as exc:
             raise ConfigError(f"Redis at {where}: the ACL user lacks a permission: {exc}") from exc
         except RETRYABLE as exc:
+            wrong = _wrong_server(exc)
+            if wrong is not None:
+                raise ConfigError(f"Redis at {where}: {wrong}") from exc
             check = _sentinel_refusal(exc)
             if check is not None:
                 raise ConfigError(
@@ -367,6 +494,9 @@ def with_deadline(
             sleep(min(remaining, backoff))
             attempt += 1
         except ResponseError as exc:
+            refusal = _config_refusal(str(exc))
+            if refusal is not None:
+                raise ConfigError(f"Redis at {where}: {exc}: {refusal}") from exc
             if _SCRIPT_ACL_REFUSAL in str(exc):
                 raise ConfigError(
                     f"Redis at {where}: the ACL user lacks a command the lease scripts use: {exc}"

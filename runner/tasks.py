@@ -179,6 +179,16 @@ def _import(module_name: str, origin: str) -> ModuleType:
         raise ConfigError(f"{origin}: cannot import module {module_name!r}: {exc}{hint}") from exc
     except (ImportError, TypeError, ValueError) as exc:  # '..' is a relative import: TypeError
         raise ConfigError(f"{origin}: cannot import module {module_name!r}: {exc}") from exc
+    except SyntaxError as exc:
+        raise ConfigError(
+            f"{origin}: module {module_name!r} has a syntax error: {exc.msg} "
+            f"({exc.filename}, line {exc.lineno})"
+        ) from exc
+    except Exception as exc:
+        raise ConfigError(
+            f"{origin}: module {module_name!r} raised while being imported: "
+            f"{type(exc).__name__}: {exc}"
+        ) from exc
 
 
 def load_reference(ref: str, origin: str = "task reference") -> TaskFn:

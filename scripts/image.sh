@@ -24,6 +24,11 @@ BASE_IMAGE=localhost/py-base:bookworm
 IMAGE=${IMAGE:-localhost/cron-runner:test}
 EXAMPLE_IMAGE=${EXAMPLE_IMAGE:-localhost/cron-runner-example:test}
 BASE_TAR=$WORK/cache/py-base-bookworm.tar
+# The base's Debian packages, name=version: what pins it, since no registry digest exists for
+# an mmdebstrap base (image/README.md, Supply chain). A build whose base differs stops.
+BASE_LOCK=image/base-packages.lock
+# Build artifacts: the CycloneDX SBOM of the image's Python packages.
+ARTIFACTS=${ARTIFACTS:-dist}
 PYTEST=${PYTEST:-.venv/bin/pytest}
 # What configure() creates, and so what clean() removes; cache/ is kept.
 OWNED_DIRS=(conf storage run tmp libpod networks)
@@ -97,8 +102,34 @@ base() {
     podman import --quiet "$BASE_TAR" "$BASE_IMAGE" >/dev/null
 }
 
+base_packages() {
+    podman run --rm "$BASE_IMAGE" dpkg-query -W -f '${Package}=${Version}\n' | LC_ALL=C sort
+}
+
+check_base_lock() {
+    local now
+    now=$(base_packages)
+    if [[ ${UPDATE_BASE_LOCK:-0} == 1 ]]; then
+        printf '%s\n' "$now" >"$BASE_LOCK"
+        echo "image.sh: wrote $BASE_LOCK ($(wc -l <"$BASE_LOCK") packages): review and commit it"
+        return
+    fi
+    [[ -s $BASE_LOCK ]] || die "no $BASE_LOCK: UPDATE_BASE_LOCK=1 scripts/image.sh build writes it"
+    diff -u "$BASE_LOCK" <(printf '%s\n' "$now") >&2 ||
+        die "the base's Debian packages differ from $BASE_LOCK (the mirror moved on, or the \
+cached $BASE_TAR is another one): review the diff, then UPDATE_BASE_LOCK=1 scripts/image.sh build"
+}
+
+sbom() {
+    mkdir -p "$ARTIFACTS"
+    podman run --rm --entrypoint cat "$IMAGE" /opt/cron-runner/share/sbom.cdx.json \
+        >"$ARTIFACTS/cron-runner-image.cdx.json"
+    echo "image.sh: SBOM of the image's Python packages in $ARTIFACTS/cron-runner-image.cdx.json"
+}
+
 build() {
     base
+    check_base_lock
     # Host network: RUN steps reach PyPI without podman creating bridges or firewall rules.
     local version ca_bundle=${PIP_CERT:-/etc/ssl/certs/ca-certificates.crt} trust=()
     version=$(sed -n 's/^version = "\(.*\)"$/\1/p' pyproject.toml)
@@ -115,6 +146,7 @@ build() {
     buildah bud --quiet --layers --network host "${trust[@]}" \
         --build-arg CRON_RUNNER_IMAGE="$IMAGE" -t "$EXAMPLE_IMAGE" \
         -f examples/custom-image/Dockerfile examples/tasks-package
+    sbom
 }
 
 figures() {

@@ -22,6 +22,7 @@ AddFlags = Callable[[argparse.ArgumentParser, Sequence[str]], None]
 log = logging.getLogger("runner")
 
 DEFAULT_TOLERANCE = "10m"
+MAX_HISTORY = 100_000
 TOLERANCE_HELP = (
     "how late a scheduled run may finish before its slot counts as missed "
     f"(default {DEFAULT_TOLERANCE}; set it above your longest run plus the pod's start-up)"
@@ -33,6 +34,14 @@ TOLERANCE_HELP = (
 # it comes from, a flag or a variable.
 def _duration(value: str) -> float:
     return parse_duration(value, "--tolerance")
+
+
+def _count(value: str) -> int:
+    if not (value.isascii() and value.isdigit() and len(value) <= 9):
+        raise ConfigError(
+            f"history: -n {value[:30]!r} is not valid: expected a count from 1 to {MAX_HISTORY}"
+        )
+    return int(value)
 
 
 def _expected(value: str) -> tuple[str, str, str]:
@@ -65,7 +74,8 @@ def add_commands(sub: Any, add_flags: AddFlags) -> None:
         description="Parse the configuration; reach Redis and report its latency; run the lease "
         "scripts on scratch keys in the task keyspace (so missing ACL permissions show now, not "
         "in a run); warn on an evicting maxmemory-policy (fail with --strict) and when AOF "
-        "persistence is off. Exit 0 when nothing failed, 69 when Redis is unreachable, else 1.",
+        "persistence is off. Exit 0 when nothing failed, 69 when Redis is unreachable, 78 when "
+        "it refuses the credentials or the settings (as a run would), else 1.",
     )
     add_flags(p, ("CONNECT_TIMEOUT", "LEASE_TTL"))
     p.add_argument(
@@ -93,7 +103,7 @@ def add_commands(sub: Any, add_flags: AddFlags) -> None:
         "history", help="a task's recorded runs, newest first", description="From the run stream."
     )
     p.add_argument("task", metavar="TASK", help="the task (its --name, or the chart's task key)")
-    p.add_argument("-n", type=int, default=20, metavar="N", help="how many runs (default 20)")
+    p.add_argument("-n", type=_count, default=20, metavar="N", help="how many runs (default 20)")
     _output_flag(p)
     add_flags(p, ("CONNECT_TIMEOUT",))
     p.set_defaults(handler=cmd_history)
@@ -191,16 +201,6 @@ def cmd_check(args: argparse.Namespace, settings: Settings) -> int:
     return Check(settings, sys.stdout).run(strict=args.strict)
 
 
-def _known(status: Any) -> bool:
-    """Ran, runs, or is expected by the watchdog: anything but a name Redis has never seen."""
-    return (
-        status.holder is not None
-        or status.last_run_at is not None
-        or status.schedule is not None
-        or status.last_slot is not None
-    )
-
-
 def _registered(settings: Settings, task: str) -> bool:
     """A task of CRON_RUNNER_TASK_MODULES or the entry points: known, even before it runs."""
     from runner.tasks import Registry  # noqa: PLC0415
@@ -227,8 +227,10 @@ def cmd_status(args: argparse.Namespace, settings: Settings) -> int:
         reader = Reader(client, lease.prefix, lease.scope)
         names = [args.task] if args.task else reader.tasks()
         statuses = [reader.status(n, now_s=now_s, tolerance_s=args.tolerance) for n in names]
+        if not args.task:
+            statuses = [s for s in statuses if s.known]
         queues = queue.status_for(client, settings, args.task)
-        if args.task and not (_known(statuses[0]) or queues or _registered(settings, args.task)):
+        if args.task and not (statuses[0].known or queues or _registered(settings, args.task)):
             # A typo, or another scope or prefix: an empty "free, never" row would hide both.
             known = ", ".join(reader.tasks()) or "none"
             raise UnknownTask(
@@ -257,8 +259,11 @@ def cmd_history(args: argparse.Namespace, settings: Settings) -> int:
     from runner.ops.state import Reader  # noqa: PLC0415
 
     validate_name("TASK", args.task)
-    if args.n < 1:
-        raise ConfigError(f"history: -n {args.n} is not valid: expected a count of at least 1")
+    if not 1 <= args.n <= MAX_HISTORY:
+        raise ConfigError(
+            f"history: -n {str(args.n)[:30]} is not valid: expected a count from 1 to "
+            f"{MAX_HISTORY} (the run stream keeps about 1000 runs)"
+        )
     lease = settings.lease
     with _connected(settings, "history") as client:
         records = Reader(client, lease.prefix, lease.scope).history(args.task, args.n)
@@ -287,6 +292,7 @@ def _require_force(args: argparse.Namespace, command: str, why: str) -> None:
 def cmd_unlock(args: argparse.Namespace, settings: Settings) -> int:
     from runner.keys import TaskKeys  # noqa: PLC0415
     from runner.lease import holder_of, unlock  # noqa: PLC0415
+    from runner.ops import report  # noqa: PLC0415
 
     _require_force(
         args,
@@ -304,7 +310,7 @@ def cmd_unlock(args: argparse.Namespace, settings: Settings) -> int:
     }
     with _connected(settings, "unlock") as client:
         result, token = unlock(client, keys, record, holder=args.holder)
-    found = holder_of(token) if token else None
+    found = report.printable(holder_of(token)) if token else None
     fields = {"task": args.task, "holder": lease.holder, "run_holder": found}
     if result == "unlocked":
         log.warning(
@@ -327,6 +333,7 @@ def cmd_unlock(args: argparse.Namespace, settings: Settings) -> int:
 
 def cmd_forget(args: argparse.Namespace, settings: Settings) -> int:
     from runner.lease import holder_of  # noqa: PLC0415
+    from runner.ops import report  # noqa: PLC0415
     from runner.ops.state import Reader  # noqa: PLC0415
 
     _require_force(args, "forget", "It deletes the task's state and run history for good.")
@@ -335,7 +342,8 @@ def cmd_forget(args: argparse.Namespace, settings: Settings) -> int:
         reader = Reader(client, lease.prefix, lease.scope)
         token = client.get(reader.keys(args.task).lease)
         if token is not None:
-            _write(f"not forgotten: {args.task} is running now (held by {holder_of(token)})\n")
+            held_by = report.printable(holder_of(token))
+            _write(f"not forgotten: {args.task} is running now (held by {held_by})\n")
             return 1
         deleted = reader.forget(args.task)
     log.warning(
@@ -348,20 +356,22 @@ def cmd_forget(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def cmd_watchdog(args: argparse.Namespace, settings: Settings) -> int:
+    from runner.keys import validate_name  # noqa: PLC0415
     from runner.ops import report  # noqa: PLC0415
     from runner.ops.state import Reader  # noqa: PLC0415
 
     now_s = clock.wall()
     lease = settings.lease
+    ignored = {validate_name("--ignore", name) for name in args.ignore}
     with _connected(settings, "watchdog") as client:
         reader = Reader(client, lease.prefix, lease.scope)
         for task, schedule, timezone in args.expect:
             reader.expect(task, schedule, timezone, now_s=now_s)
-        ignored = set(args.ignore)
         statuses = [
-            reader.status(n, now_s=now_s, tolerance_s=args.tolerance)
+            status
             for n in reader.tasks()
             if n not in ignored
+            and (status := reader.status(n, now_s=now_s, tolerance_s=args.tolerance)).known
         ]
     overdue = [s for s in statuses if s.overdue]
     unchecked = [s.task for s in statuses if s.overdue is None]

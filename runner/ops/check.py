@@ -17,9 +17,8 @@ from redis.exceptions import NoPermissionError, RedisError, ResponseError
 
 from runner import clock, store
 from runner.errors import ConfigError, FinishIncomplete, StoreUnavailable
-from runner.keys import TaskKeys
+from runner.keys import SCRATCH_TASK_PREFIX, ScratchKeys, TaskKeys
 from runner.lease import Acquired, Lease, new_token
-from runner.ops.state import CHECK_TASK_PREFIX
 from runner.settings import Settings
 
 OK, WARN, FAIL = "ok", "warn", "FAIL"
@@ -72,7 +71,8 @@ class Check:
         return 1 if self.failed else 0
 
     def reachable(self, client: Any) -> int | None:
-        """None when Redis answers; else the exit code (69 unreachable, 1 refused)."""
+        """None when Redis answers; else the exit code: 69 unreachable, 78 when it refuses the
+        credentials or the settings (as a run would), 1 for any other refusal."""
         where = self.settings.redis.display_target
         deadline = clock.monotonic() + self.settings.redis.connect_timeout_s
         try:
@@ -82,7 +82,7 @@ class Check:
             return UNREACHABLE
         except ConfigError as exc:
             self.say(FAIL, str(exc))
-            return 1
+            return ConfigError.exit_code
         except RedisError as exc:
             self.say(FAIL, f"Redis at {where} refused PING: {exc}")
             return 1
@@ -101,10 +101,17 @@ class Check:
     def lease_scripts(self, client: Any) -> None:
         """Acquire, renew and complete on a scratch task, exactly as a run does, then clean up."""
         s = self.settings
-        keys = TaskKeys(s.lease.prefix, s.lease.scope, CHECK_TASK_PREFIX + secrets.token_hex(4))
+        keys = ScratchKeys(
+            s.lease.prefix, s.lease.scope, SCRATCH_TASK_PREFIX + secrets.token_hex(4)
+        )
         slot = int(clock.wall()) // 60 * 60
         lease = Lease(
-            client, keys, new_token(s.lease.holder), ttl_ms=s.lease.ttl_ms, retention_ms=60_000
+            client,
+            keys,
+            new_token(s.lease.holder),
+            ttl_ms=s.lease.ttl_ms,
+            retention_ms=60_000,
+            indexed=False,
         )
         user = s.redis.username or "default"
         try:

@@ -31,7 +31,17 @@ def human_duration(ms: float | None) -> str:
     return f"{int(s // 3600)}h{int(s % 3600 // 60):02d}m"
 
 
+def printable(text: str) -> str:
+    """``text`` with every character a terminal would act on (ESC, CR, BEL, other controls,
+    bidirectional overrides) shown as its escape, so that what another holder wrote into
+    Redis cannot rewrite the operator's screen."""
+    if text.isprintable():
+        return text
+    return "".join(c if c.isprintable() else c.encode("unicode_escape").decode() for c in text)
+
+
 def table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
+    rows = [[printable(cell) for cell in row] for row in rows]
     widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(headers)]
     lines = [headers, *rows]
     return "".join(
@@ -184,7 +194,7 @@ def missed_text(s: TaskStatus) -> str:
     listed = ", ".join(iso(slot) or "" for slot in m.slots)
     more = ", and more" if m.more else ""
     last = _when(s.last_success) if s.last_success else "never"
-    return (
+    return printable(
         f"{s.task} ({s.schedule} {s.timezone}): last success {last}; "
         f"missed {len(m.slots)}{'+' if m.more else ''}: {listed}{more}"
     )

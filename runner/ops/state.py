@@ -7,17 +7,18 @@ pod's run stores it too: the chart sets ``CRON_RUNNER_SCHEDULE`` beside the Job 
 
 from __future__ import annotations
 
+import contextlib
 import re
 from dataclasses import dataclass
 from typing import Any
 
+from redis.exceptions import NoPermissionError
+
 from runner import slots
 from runner.errors import ConfigError
-from runner.keys import TaskKeys
+from runner.keys import NAME_RE, TaskKeys, scope_index
 from runner.lease import holder_of
 
-#: `cron-runner check` runs the lease scripts on tasks named like this; they are not listed.
-CHECK_TASK_PREFIX = "cron-runner-check-"
 #: State-hash field: when a watchdog was first told to expect a task that had not run yet.
 EXPECTED_SINCE = "expected_since"
 #: Missed slots listed per task; past this the listing says there are more.
@@ -67,6 +68,16 @@ class TaskStatus:
     @property
     def overdue(self) -> bool | None:
         return None if self.missed is None else bool(self.missed.slots)
+
+    @property
+    def known(self) -> bool:
+        """Ran, runs, or is expected by the watchdog: anything but a name Redis has never seen
+        (or one left in the scope's index by an older release's `forget`, which does not
+        remove it from there)."""
+        return self.holder is not None or self.schedule is not None or (
+            self.last_run_at is not None or self.last_slot is not None
+            or self.last_success is not None or self.last_failure is not None
+        )  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -182,7 +193,27 @@ class Reader:
         return TaskKeys(self.prefix, self.scope, task)
 
     def tasks(self) -> list[str]:
-        """Tasks with a state hash (they have run) or a lease (running now), by SCAN."""
+        """The scope's tasks: those in its index (every task that has finished a run under
+        this release, or that a watchdog expects), and, where the ACL allows SCAN, every task
+        with a state hash or a lease (a first run in progress, or runs of an older release).
+
+        A per-scope ACL leaves SCAN out: it would list every scope's key names."""
+        found: set[str] = set()
+        refused: NoPermissionError | None = None
+        for read in (self._indexed, self._scanned):
+            try:
+                found |= read()
+            except NoPermissionError as exc:  # an ACL from before the index lacks +smembers
+                if refused is not None:
+                    raise
+                refused = exc
+        # Not a name a task can have: check's scratch task (keys.SCRATCH_TASK_PREFIX).
+        return sorted(t for t in found if NAME_RE.match(t))
+
+    def _indexed(self) -> set[str]:
+        return {str(t) for t in self.client.smembers(scope_index(self.prefix, self.scope))}
+
+    def _scanned(self) -> set[str]:
         # Prefix and scope are validated (keys.py): no glob character can appear in them.
         base = f"{self.prefix}:{{{self.scope}:"
         pattern = re.compile(re.escape(base) + r"(?P<task>[^{}:]+)\}:(?:state|lease)\Z")
@@ -190,9 +221,9 @@ class Reader:
         for suffix in ("state", "lease"):
             for key in self.client.scan_iter(match=f"{base}*}}:{suffix}", count=1000):
                 match = pattern.match(key)
-                if match and not match["task"].startswith(CHECK_TASK_PREFIX):
+                if match:
                     found.add(match["task"])
-        return sorted(found)
+        return found
 
     def status(self, task: str, *, now_s: float, tolerance_s: float) -> TaskStatus:
         keys = self.keys(task)
@@ -277,18 +308,29 @@ class Reader:
         """Make a task known before it first runs (``watchdog --expect``), so that a CronJob
         that never fires is overdue too. Fields already there are kept: the first expectation
         dates it, and a run's own schedule stays until its next run rewrites it."""
-        key = self.keys(task).state
+        keys = self.keys(task)
         pipe = self.client.pipeline(transaction=False)
-        pipe.hsetnx(key, EXPECTED_SINCE, f"{now_s:.3f}")
-        pipe.hsetnx(key, "schedule", schedule)
-        pipe.hsetnx(key, "timezone", timezone)
-        pipe.execute()
+        pipe.hsetnx(keys.state, EXPECTED_SINCE, f"{now_s:.3f}")
+        pipe.hsetnx(keys.state, "schedule", schedule)
+        pipe.hsetnx(keys.state, "timezone", timezone)
+        pipe.sadd(keys.index, task)
+        *written, indexed = pipe.execute(raise_on_error=False)
+        for reply in written:
+            if isinstance(reply, Exception):
+                raise reply
+        # An ACL from before the index lacks +sadd: its SCAN finds the task anyway.
+        if isinstance(indexed, Exception) and not isinstance(indexed, NoPermissionError):
+            raise indexed
 
     def forget(self, task: str) -> int:
         """Delete a task's state and history (not its fence, which must never go back, nor its
         slot markers, which expire): it is no longer known to status and the watchdog."""
         keys = self.keys(task)
-        return int(self.client.delete(keys.state, keys.runs))
+        deleted = int(self.client.delete(keys.state, keys.runs))
+        # An ACL from before the index lacks +srem, and then +sadd too: nothing to remove.
+        with contextlib.suppress(NoPermissionError):
+            self.client.srem(keys.index, task)
+        return deleted
 
     def history(self, task: str, count: int) -> list[RunRecord]:
         entries = self.client.xrevrange(self.keys(task).runs, count=count)

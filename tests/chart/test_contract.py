@@ -116,6 +116,34 @@ def kubelet_env(
     return env
 
 
+def mount_secrets(
+    cronjob: Manifest,
+    c: Manifest,
+    secrets_data: Mapping[str, Mapping[str, str]],
+    env: dict[str, str],
+) -> dict[str, str]:
+    """Write each mounted Secret volume's items as the kubelet would, under a temporary root
+    standing in for the container's file system, and point the variables that name a file in a
+    mount there."""
+    import tempfile  # noqa: PLC0415
+
+    root = Path(tempfile.mkdtemp(prefix="kubelet-"))
+    volumes = {v["name"]: v for v in pod_spec(cronjob).get("volumes", [])}
+    for mount in c.get("volumeMounts", []):
+        secret = volumes[mount["name"]].get("secret")
+        if secret is None:
+            continue
+        where = root / mount["mountPath"].lstrip("/")
+        where.mkdir(parents=True, exist_ok=True)
+        # A missing Secret or key keeps the pod from starting (ContainerCreating).
+        data = secrets_data[secret["secretName"]]
+        for item in secret.get("items", []):
+            (where / item["path"]).write_text(data[item["key"]])
+        env = {k: str(root / v.lstrip("/")) if v.startswith(mount["mountPath"] + "/") else v
+               for k, v in env.items()}  # fmt: skip
+    return env
+
+
 def job_pods(
     cronjob: Manifest, job: str, secrets_data: Mapping[str, Mapping[str, str]]
 ) -> list[Pod]:
@@ -130,6 +158,7 @@ def job_pods(
             "labels": {"batch.kubernetes.io/job-name": job, "job-name": job},
         }
         env = kubelet_env(c, meta, secrets_data)
+        env = mount_secrets(cronjob, c, secrets_data, env)
         argv = [str(VENV_BIN / "cron-runner"), *(expand(a, env) for a in c["args"])]
         pods.append(Pod(meta["name"], argv, env))
     return pods

@@ -54,6 +54,20 @@ def field_ref(env: Manifest) -> str:
     return path
 
 
+def mounted_secret(pod: Manifest, c: Manifest, var: str) -> tuple[str, str]:
+    """(Secret name, key) of the file the variable ``var`` names: a mounted Secret, read-only,
+    and no secretKeyRef variable beside it (a task inherits the environment, not the file)."""
+    env = env_of(c)
+    assert var.removesuffix("_FILE") not in env, "the password must not be a variable"
+    path = env[var]["value"]
+    mount = next(m for m in c["volumeMounts"] if path.startswith(m["mountPath"] + "/"))
+    assert mount["readOnly"] is True
+    volume = next(v for v in pod_spec(pod)["volumes"] if v["name"] == mount["name"])
+    (item,) = [i for i in volume["secret"]["items"]
+               if f"{mount['mountPath']}/{i['path']}" == path]  # fmt: skip
+    return volume["secret"]["secretName"], item["key"]
+
+
 def secret_ref(env: Manifest) -> tuple[str, str]:
     ref = env["valueFrom"]["secretKeyRef"]
     return ref["name"], ref["key"]
@@ -367,7 +381,7 @@ def test_tls_acl_and_password_from_existing_secrets(chart: Chart) -> None:
         env = env_of(c)
         assert env["CRON_RUNNER_REDIS_URL"]["value"] == "rediss://redis.prod.example.com:6380/3"
         assert env["CRON_RUNNER_REDIS_USERNAME"]["value"] == "cron-runner"
-        assert secret_ref(env["CRON_RUNNER_REDIS_PASSWORD"]) == (
+        assert mounted_secret(doc, c, "CRON_RUNNER_REDIS_PASSWORD_FILE") == (
             "redis-credentials",
             "redis-password",
         )
@@ -397,11 +411,15 @@ def test_sentinel(chart: Chart) -> None:
         )
         assert env["CRON_RUNNER_REDIS_SENTINEL_MASTER"]["value"] == "cron-primary"
         assert env["CRON_RUNNER_REDIS_URL"]["value"] == "redis://cron-primary/1"
-        assert secret_ref(env["CRON_RUNNER_REDIS_SENTINEL_PASSWORD"]) == (
+        c = container(cj)
+        assert mounted_secret(cj, c, "CRON_RUNNER_REDIS_SENTINEL_PASSWORD_FILE") == (
             "redis-sentinel",
             "sentinel-password",
         )
-        assert secret_ref(env["CRON_RUNNER_REDIS_PASSWORD"]) == ("redis-sentinel", "redis-password")
+        assert mounted_secret(cj, c, "CRON_RUNNER_REDIS_PASSWORD_FILE") == (
+            "redis-sentinel",
+            "redis-password",
+        )
 
 
 def test_cluster_flag(chart: Chart) -> None:
@@ -428,11 +446,14 @@ def test_no_plaintext_password_anywhere(chart: Chart) -> None:
             spec = pod_spec(doc) if doc["kind"] in kinds else None
             for c in spec["containers"] if spec else []:
                 for env in c.get("env", []):
-                    if "PASSWORD" in env["name"] or env["name"] == "REDISCLI_AUTH":
+                    if env["name"].endswith("_PASSWORD_FILE"):  # a path: the Secret's mount
+                        assert env["value"].startswith("/etc/cron-runner/"), (name, env)
+                    elif "PASSWORD" in env["name"] or env["name"] == "REDISCLI_AUTH":
                         assert "value" not in env, (name, env)
                         assert "secretKeyRef" in env["valueFrom"], (name, env)
                     if env["name"] == "CRON_RUNNER_REDIS_URL":
                         assert "@" not in env["value"], (name, env)
+                        assert "password=" not in env["value"].lower(), (name, env)
         # A generated password lives in its Secret and nowhere else, NOTES included.
         text = repr([d for d in rendered.docs if d["kind"] != "Secret"]) + rendered.notes
         for secret in _secret_values(rendered):
@@ -503,7 +524,10 @@ def test_bundled_redis(chart: Chart) -> None:
     for cj in rendered.of_kind("CronJob"):
         env = env_of(container(cj))
         assert env["CRON_RUNNER_REDIS_URL"]["value"] == f"redis://{name}.{NAMESPACE}.svc:6379/0"
-        assert secret_ref(env["CRON_RUNNER_REDIS_PASSWORD"]) == (name, "password")
+        assert mounted_secret(cj, container(cj), "CRON_RUNNER_REDIS_PASSWORD_FILE") == (
+            name,
+            "password",
+        )
 
 
 def test_bundled_redis_checksum_follows_its_config(chart: Chart) -> None:
@@ -639,3 +663,19 @@ def test_no_tasks_renders_nothing_but_a_hint(chart: Chart) -> None:
     assert (
         "--set tasks.report.schedule='0 2 * * *' --set tasks.report.task=report" in rendered.notes
     )
+
+
+def test_notes_print_the_per_scope_acl_rule_that_is_tested(chart: Chart) -> None:
+    """The line is the rule tests/integration/test_secrets_and_tenants.py proves on a real
+    Redis with two teams, for this release's user, prefix and scope."""
+    from tests.integration.test_secrets_and_tenants import SCOPE_RULE  # noqa: PLC0415
+
+    values = ci_values("01-defaults-one-task-values.yaml")
+    assert "ACL SETUSER" not in render(chart, values).notes
+    values["redis"]["auth"] = {"username": "team-a", "perScopeAcl": True}
+    notes = render(chart, values).notes
+    assert f"ACL SETUSER team-a on >PASSWORD {SCOPE_RULE.replace('SCOPE', NAMESPACE)}\n" in notes
+    values["runner"] = {"keyPrefix": "jobs", "env": {"CRON_RUNNER_SCOPE": "billing"}}
+    assert "~jobs:{billing:* " in render(chart, values).notes
+    values["runner"] = {"scope": "shared"}
+    assert "~cron-runner:{shared:* " in render(chart, values).notes

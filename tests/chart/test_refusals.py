@@ -134,6 +134,8 @@ def test_bad_task_refused_by_schema_and_template(
     [
         ({}, "no Redis configured: set redis.host"),
         ({"url": "redis://:pw@redis:6379/0"}, "redis.url must not carry credentials"),
+        ({"url": "redis://redis:6379/0?password=pw"}, "redis.url must not carry credentials"),
+        ({"url": "redis://redis:6379/0?a=1&Password=pw"}, "redis.url must not carry credentials"),
         ({"host": "r", "tls": {"enabled": True}}, "redis.tls.existingSecret is empty"),
         (
             {"url": "redis://r:6379/0", "tls": {"enabled": True, "existingSecret": "ca"}},
@@ -148,6 +150,8 @@ def test_bad_task_refused_by_schema_and_template(
     ids=[
         "none",
         "credentials",
+        "query-password",
+        "query-password-any-case",
         "tls-no-secret",
         "tls-plain-url",
         "sentinel-no-hosts",

@@ -47,6 +47,8 @@ class ReceivedSpan:
     events: list[str]
     start_ns: int
     end_ns: int
+    # Everything a span carries as text: attributes, status message, events' attributes.
+    text: str = ""
 
 
 @dataclass
@@ -131,6 +133,7 @@ class OtlpReceiver:
                             events=[e.name for e in s.events],
                             start_ns=s.start_time_unix_nano,
                             end_ns=s.end_time_unix_nano,
+                            text=str(s),
                         )
                         for s in ss.spans
                     )

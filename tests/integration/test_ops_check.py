@@ -7,6 +7,7 @@ import pytest
 import redis
 
 from runner.devserver import RedisServer, free_port
+from runner.errors import ConfigError
 from tests.helpers.proc import run, runner_env
 
 
@@ -93,7 +94,7 @@ def test_acl_user_outside_the_task_keyspace_fails(
     )
     res = run(["check"], env)
     assert res.returncode == 1
-    assert "may not access the keys cron-runner:{default:cron-runner-check-" in res.stdout
+    assert "may not access the keys cron-runner:{default:_cron-runner-check-" in res.stdout
 
 
 def test_acl_user_that_may_not_read_info_gets_warnings(
@@ -122,6 +123,6 @@ def test_unreachable_exits_3() -> None:
 def test_wrong_password_fails() -> None:
     with RedisServer(extra_args=["--requirepass", "right"]) as server:
         res = run(["check"], runner_env(server.url, CRON_RUNNER_REDIS_PASSWORD="wrong"))
-    assert res.returncode == 1
+    assert res.returncode == ConfigError.exit_code  # as a run's: a setting to fix
     assert _levels(res.stdout) == ["ok", "FAIL"]
     assert "wrong" not in res.stdout

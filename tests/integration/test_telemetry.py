@@ -15,6 +15,7 @@ import pytest
 import redis
 
 from runner.devserver import RedisServer, free_port
+from runner.errors import StoreUnavailable
 from tests.helpers.otlp import HungCollector, OtlpReceiver, Point, ReceivedSpan
 from tests.helpers.proc import ROOT, events, outcome, run, runner_env, side_effects, spawn
 from tests.helpers.wait import wait_for
@@ -322,3 +323,18 @@ def test_missing_extra_is_a_warning_not_a_failure(
     assert outcome(done.stderr) == "ran"
     warning = next(e for e in events(done.stderr) if e.get("event") == "telemetry_unavailable")
     assert "redis-cron-runner[telemetry]" in warning["msg"]
+
+
+def test_a_password_in_the_url_never_reaches_a_span(
+    redis_server: RedisServer, receiver: OtlpReceiver
+) -> None:
+    """A run that fails on Redis records the error in its spans: the URL there is masked."""
+    secret = "s3cr3t-in-the-query"
+    for url in (f"redis://127.0.0.1:1/0?password={secret}",
+                f"redis://:{secret}@127.0.0.1:1/0"):  # fmt: skip
+        env = _env(url, receiver.endpoint, CRON_RUNNER_CONNECT_TIMEOUT="200ms")
+        res = run(["exec", "--name", "masked", "--", "true"], env)
+        assert res.returncode == StoreUnavailable.exit_code, res.stderr
+    spans = receiver.spans()
+    assert spans and any("unreachable" in s.text for s in spans)
+    assert not [s.name for s in spans if secret in s.text]

@@ -12,6 +12,7 @@ import pytest
 import redis
 
 from runner.devserver import RedisServer
+from runner.errors import ConfigError
 from runner.keys import TaskKeys
 from tests.helpers.proc import outcome
 from tests.helpers.wait import wait_for
@@ -35,6 +36,11 @@ ACL_QUEUE = (
     "+rpush +lpop +llen +sadd +srem +smembers +scard +hexists +hdel +hlen "
     "+zadd +zrem +zrange +zrangebyscore +zcard +keys"
 )
+
+
+# Dramatiq's keys of team-a's namespace: the namespace itself (its dispatch script's KEYS[1])
+# and everything under it; not `team-a*`, which would match team-ab's too.
+QUEUE_SCOPE_KEYS = "~cron-runner:queue:team-a ~cron-runner:queue:team-a:*"
 
 
 @pytest.fixture
@@ -100,3 +106,48 @@ def test_every_queue_path_as_the_acl_user(
     finally:
         worker.stop()
     assert "NOPERM" not in text and "no permissions" not in text, text[-2000:]
+
+
+def test_queue_mode_within_one_scope_as_its_acl_user(
+    redis_server: RedisServer, r: redis.Redis
+) -> None:
+    """The per-scope rule of docs/reliability.md plus the queue key pattern and ACL_QUEUE:
+    team-a enqueues, its worker runs the message, status and the DLQ answer; pointed at
+    team-b's scope, the same user is refused and team-b's queue is untouched."""
+    from tests.integration.test_secrets_and_tenants import SCOPE_RULE  # noqa: PLC0415
+
+    # The test tasks record their effects under test:* (tests/queue/queue_tasks.py).
+    rule = (f"{SCOPE_RULE.replace('SCOPE', 'team-a')} {QUEUE_SCOPE_KEYS} ~test:* "
+            f"{ACL_QUEUE}")  # fmt: skip
+    r.execute_command("ACL", "SETUSER", "team-a", "reset", "on", ">a-pw", *rule.split())
+    team = {"CRON_RUNNER_REDIS_USERNAME": "team-a", "CRON_RUNNER_REDIS_PASSWORD": "a-pw"}
+    env = queue_env(redis_server, CRON_RUNNER_SCOPE="team-a", **team)
+    minutes = int(time.time() // 60)
+    enqueue = {**env, "CRON_RUNNER_MODE": "enqueue", "CRON_RUNNER_JOB_NAME": f"a-{minutes}",
+               "CRON_RUNNER_CRONJOB_NAME": "a"}  # fmt: skip
+    sent = cli(enqueue, "run", "q-ok")
+    assert (sent.returncode, outcome(sent.stderr)) == (0, "enqueued"), sent.stderr
+    worker = WorkerProc({**env, "CRON_RUNNER_HOLDER": "team-a-worker"})
+    try:
+        wait_for(worker.ready, 20, "the worker")
+        wait_for(lambda: effects(r, "ran"), 20, "the enqueued job to run")
+        status = cli(env, "status")
+        assert status.returncode == 0, status.stderr
+        assert "q-ok" in status.stdout
+        listed = cli(env, "dlq", "list", "q-ok")
+        assert listed.returncode == 0, listed.stderr
+        worker.terminate()
+        assert worker.wait(30) == 0
+        text = worker.text()
+    finally:
+        worker.stop()
+    assert "NOPERM" not in text and "no permissions" not in text, text[-2000:]
+
+    r.rpush("cron-runner:queue:team-b:q-ok", "b-message")
+    intruder = {**enqueue, "CRON_RUNNER_SCOPE": "team-b"}
+    refused = cli(intruder, "run", "q-ok")
+    assert refused.returncode == ConfigError.exit_code, refused.stderr
+    assert "Traceback" not in refused.stderr
+    dlq = cli({**env, "CRON_RUNNER_SCOPE": "team-b"}, "dlq", "purge", "q-ok", "--all")
+    assert dlq.returncode == ConfigError.exit_code, dlq.stderr
+    assert r.lrange("cron-runner:queue:team-b:q-ok", 0, -1) == ["b-message"]

@@ -123,8 +123,8 @@ only the scheme and db are used.
 {{- $scheme := "redis" }}
 {{- if $r.tls.enabled }}{{ $scheme = "rediss" }}{{ end }}
 {{- if $r.url }}
-{{- if regexMatch "^[a-z]+://[^/]*@" $r.url }}
-{{- fail "redis.url must not carry credentials: put the password in a Secret and set redis.auth.existingSecret (and redis.auth.username for an ACL user)" }}
+{{- if or (regexMatch "^[a-z]+://[^/]*@" $r.url) (regexMatch "(?i)[?&][^=&#]*password=" $r.url) }}
+{{- fail "redis.url must not carry credentials (user:pass@ or ?password=): put the password in a Secret and set redis.auth.existingSecret (and redis.auth.username for an ACL user)" }}
 {{- end }}
 {{- if and $r.tls.enabled (hasPrefix "redis://" $r.url) }}
 {{- fail "redis.tls.enabled is true but redis.url starts with redis://: use rediss://" }}
@@ -158,11 +158,9 @@ only the scheme and db are used.
 {{- end }}
 {{- $secret := include "cron-runner.redis.passwordSecret" . | fromJson }}
 {{- if $secret.name }}
-- name: CRON_RUNNER_REDIS_PASSWORD
-  valueFrom:
-    secretKeyRef:
-      name: {{ $secret.name }}
-      key: {{ $secret.key }}
+{{- /* A file, not a variable: nothing for the task's environment or `ps e` to show. */}}
+- name: CRON_RUNNER_REDIS_PASSWORD_FILE
+  value: /etc/cron-runner/redis-password/password
 {{- end }}
 {{- if $r.tls.enabled }}
 {{- if not $r.tls.existingSecret }}
@@ -183,11 +181,8 @@ only the scheme and db are used.
 - name: CRON_RUNNER_REDIS_SENTINEL_MASTER
   value: {{ $r.sentinel.masterName | quote }}
 {{- if $r.sentinel.existingSecret }}
-- name: CRON_RUNNER_REDIS_SENTINEL_PASSWORD
-  valueFrom:
-    secretKeyRef:
-      name: {{ $r.sentinel.existingSecret }}
-      key: {{ $r.sentinel.passwordKey }}
+- name: CRON_RUNNER_REDIS_SENTINEL_PASSWORD_FILE
+  value: /etc/cron-runner/redis-sentinel-password/password
 {{- end }}
 {{- end }}
 {{- if $r.cluster.enabled }}
@@ -200,9 +195,28 @@ only the scheme and db are used.
 {{- end }}
 {{- end }}
 
-{{/* Volumes and mounts for the Redis TLS files. */}}
+{{/* Volumes and mounts for the Redis TLS files and the passwords, each a mounted Secret. */}}
 {{- define "cron-runner.redis.tlsVolume" -}}
 {{- $tls := .Values.redis.tls }}
+{{- $secret := include "cron-runner.redis.passwordSecret" . | fromJson }}
+{{- if $secret.name }}
+- name: redis-password
+  secret:
+    secretName: {{ $secret.name }}
+    defaultMode: 0440
+    items:
+      - key: {{ $secret.key }}
+        path: password
+{{- end }}
+{{- if and .Values.redis.sentinel.enabled .Values.redis.sentinel.existingSecret }}
+- name: redis-sentinel-password
+  secret:
+    secretName: {{ .Values.redis.sentinel.existingSecret }}
+    defaultMode: 0440
+    items:
+      - key: {{ .Values.redis.sentinel.passwordKey }}
+        path: password
+{{- end }}
 {{- if $tls.enabled }}
 - name: redis-tls
   secret:
@@ -221,6 +235,16 @@ only the scheme and db are used.
 {{- end }}
 
 {{- define "cron-runner.redis.tlsVolumeMount" -}}
+{{- if (include "cron-runner.redis.passwordSecret" . | fromJson).name }}
+- name: redis-password
+  mountPath: /etc/cron-runner/redis-password
+  readOnly: true
+{{- end }}
+{{- if and .Values.redis.sentinel.enabled .Values.redis.sentinel.existingSecret }}
+- name: redis-sentinel-password
+  mountPath: /etc/cron-runner/redis-sentinel-password
+  readOnly: true
+{{- end }}
 {{- if .Values.redis.tls.enabled }}
 - name: redis-tls
   mountPath: /etc/cron-runner/redis-tls
@@ -533,4 +557,19 @@ checks the two agree. Numbers beyond 999 (a step beyond 19 digits) are treated a
 {{- end }}
 {{- end }}
 {{- if $errors }}{{ first $errors }}{{ end }}
+{{- end }}
+
+{{/*
+The ACL rule that confines the release's Redis user to its scope's keys: the scope's hash tag
+`PREFIX:{SCOPE:` starts every key of its tasks and its index (docs/reliability.md, One ACL
+user per scope; the rule is tested word for word there).
+*/}}
+{{- define "cron-runner.redis.scopeAcl" -}}
+{{- $scope := include "cron-runner.scope" . }}
+{{- $prefix := include "cron-runner.keyPrefix" . }}
+{{- $user := default "cron-runner" .Values.redis.auth.username }}
+{{- $commands := "+evalsha +eval +get +set +pexpire +pttl +incr +time +hmget +hget +del +xadd +hset +sadd +ping +smembers +hgetall +xrange +xrevrange +hsetnx +srem" }}
+{{- if and (not .Values.redis.bundled.enabled) (ne (int64 .Values.redis.db) 0) }}{{ $commands = printf "%s +select" $commands }}{{ end }}
+{{- if .Values.redis.minReplicas }}{{ $commands = printf "%s +wait" $commands }}{{ end }}
+{{- printf "ACL SETUSER %s on >PASSWORD resetkeys ~%s:{%s:* resetchannels -@all %s" $user $prefix $scope $commands }}
 {{- end }}
