@@ -1,0 +1,129 @@
+{{/*
+The pod spec of every CronJob the chart renders (the tasks and the watchdog), in one place.
+Keys come out in one fixed order, and each volume and mount with its name first, so that a
+change here shows as a change in manifests/ and nowhere else.
+
+Call with a dict: "root" $, "restartPolicy", "terminationGracePeriodSeconds",
+"serviceAccountName", "automountServiceAccountToken", "securityContext" (the pod's),
+"priorityClassName", "nodeSelector", "tolerations", "affinity", "initContainers" and
+"containers" (lists of container dicts, see cron-runner.container), "extraContainers" (the
+user's own, as given), "volumes" (a list).
+*/}}
+{{- define "cron-runner.podSpec" -}}
+restartPolicy: {{ .restartPolicy }}
+terminationGracePeriodSeconds: {{ int64 .terminationGracePeriodSeconds }}
+serviceAccountName: {{ .serviceAccountName }}
+automountServiceAccountToken: {{ if .automountServiceAccountToken }}true{{ else }}false{{ end }}
+enableServiceLinks: false
+securityContext:
+  {{- toYaml .securityContext | nindent 2 }}
+{{- with .priorityClassName }}
+priorityClassName: {{ . }}
+{{- end }}
+{{- with .root.Values.imagePullSecrets }}
+imagePullSecrets:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- with .nodeSelector }}
+nodeSelector:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- with .tolerations }}
+tolerations:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- with .affinity }}
+affinity:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- with .initContainers }}
+initContainers:
+  {{- range . }}
+  {{- include "cron-runner.container" . | nindent 2 }}
+  {{- end }}
+{{- end }}
+containers:
+  {{- range .containers }}
+  {{- include "cron-runner.container" . | nindent 2 }}
+  {{- end }}
+  {{- with .extraContainers }}
+  {{- toYaml . | nindent 2 }}
+  {{- end }}
+volumes:
+  {{- include "cron-runner.namedList" .volumes | nindent 2 }}
+{{- end }}
+
+{{/*
+One container as a list item, keys in a fixed order. A dict with "name", "image",
+"imagePullPolicy", "command", "args", "workingDir", "env", "envFrom", "resources",
+"securityContext", "volumeMounts"; empty ones are left out, but for env and securityContext.
+*/}}
+{{- define "cron-runner.container" -}}
+- name: {{ .name }}
+  image: {{ .image }}
+  imagePullPolicy: {{ .imagePullPolicy }}
+  {{- with .command }}
+  command:
+    {{- toYaml . | nindent 4 }}
+  {{- end }}
+  {{- with .args }}
+  args:
+    {{- toYaml . | nindent 4 }}
+  {{- end }}
+  {{- with .workingDir }}
+  workingDir: {{ . | quote }}
+  {{- end }}
+  {{- if hasKey . "env" }}
+  env:
+    {{- toYaml .env | nindent 4 }}
+  {{- end }}
+  {{- with .envFrom }}
+  envFrom:
+    {{- toYaml . | nindent 4 }}
+  {{- end }}
+  {{- with .resources }}
+  resources:
+    {{- toYaml . | nindent 4 }}
+  {{- end }}
+  securityContext:
+    {{- toYaml .securityContext | nindent 4 }}
+  {{- with .volumeMounts }}
+  volumeMounts:
+    {{- include "cron-runner.namedList" . | nindent 4 }}
+  {{- end }}
+{{- end }}
+
+{{/* A list of named objects (volumes, mounts), each with its name first. */}}
+{{- define "cron-runner.namedList" -}}
+{{- range . }}
+- name: {{ .name }}
+  {{- with omit . "name" }}
+  {{- toYaml . | nindent 2 }}
+  {{- end }}
+{{- end }}
+{{- end }}
+
+{{/* A task's runner.inject: "none" (the runner image is the container) or "initContainer". */}}
+{{- define "cron-runner.inject" -}}
+{{- default "none" (default dict .runner).inject }}
+{{- end }}
+
+{{/* A task's own image (its `image` map) as a reference: repository[:tag][@digest]. */}}
+{{- define "cron-runner.taskImage" -}}
+{{- .repository }}{{ with .tag }}:{{ . }}{{ end }}{{ with .digest }}@{{ . }}{{ end }}
+{{- end }}
+
+{{/*
+The command a task's runner execs, as a JSON list, the way a container runtime builds one:
+`command` + `args` when the task sets a command; else the image's entrypoint + (`args`, or
+else the image's cmd). Kubernetes cannot read an image's entrypoint and cmd, so a task that
+relies on them gives them as `image.entrypoint` and `image.cmd`.
+Call with (dict "task" $task "image" $image).
+*/}}
+{{- define "cron-runner.taskCommand" -}}
+{{- if .task.command }}
+{{- concat .task.command (default list .task.args) | toJson }}
+{{- else }}
+{{- concat (default list .image.entrypoint) (default (default list .image.cmd) .task.args) | toJson }}
+{{- end }}
+{{- end }}
