@@ -39,7 +39,10 @@ FROM builder AS bundle
 # package of its own (python:3.12-slim has one already); the static launcher needs a C
 # compiler.
 # hadolint ignore=DL3008
-RUN libpython=$(python3 -c 'import sys, sysconfig; print("" if sysconfig.get_config_var("Py_ENABLE_SHARED") else "libpython%d.%d" % sys.version_info[:2])') \
+RUN libpython="" \
+ && if ! python3 -c 'import ctypes.util as u, sys; sys.exit(u.find_library("python%d.%d" % sys.version_info[:2]) is None)'; then \
+        libpython=$(python3 -c 'import sys; print("libpython%d.%d" % sys.version_info[:2])'); \
+    fi \
  && apt-get update -qq \
  && apt-get install -y -qq --no-install-recommends binutils gcc libc6-dev ${libpython:+"$libpython"} \
         >/dev/null \

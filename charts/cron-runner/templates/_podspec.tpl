@@ -6,8 +6,8 @@ change here shows as a change in manifests/ and nowhere else.
 Call with a dict: "root" $, "restartPolicy", "terminationGracePeriodSeconds",
 "serviceAccountName", "automountServiceAccountToken", "securityContext" (the pod's),
 "priorityClassName", "nodeSelector", "tolerations", "affinity", "initContainers" and
-"containers" (lists of container dicts, see cron-runner.container), "extraContainers" (the
-user's own, as given), "volumes" (a list).
+"extraContainers" (the user's own, as given), "chartInitContainers" and "containers" (the
+chart's, lists of container dicts, see cron-runner.container), "volumes" (a list).
 */}}
 {{- define "cron-runner.podSpec" -}}
 restartPolicy: {{ .restartPolicy }}
@@ -36,9 +36,12 @@ tolerations:
 affinity:
   {{- toYaml . | nindent 2 }}
 {{- end }}
-{{- with .initContainers }}
+{{- if or .initContainers .chartInitContainers }}
 initContainers:
-  {{- range . }}
+  {{- with .initContainers }}
+  {{- toYaml . | nindent 2 }}
+  {{- end }}
+  {{- range .chartInitContainers }}
   {{- include "cron-runner.container" . | nindent 2 }}
   {{- end }}
 {{- end }}
@@ -126,4 +129,43 @@ Call with (dict "task" $task "image" $image).
 {{- else }}
 {{- concat (default list .image.entrypoint) (default (default list .image.cmd) .task.args) | toJson }}
 {{- end }}
+{{- end }}
+
+{{/*
+How a task's pod and container security contexts loosen the chart's restricted defaults, as a
+JSON list of "field: value" strings; empty when they keep them. A different non-root user
+(an app image's own, such as www-data) is not a loosening.
+Call with (dict "root" $ "task" $task).
+*/}}
+{{- define "cron-runner.loosened" -}}
+{{- $pod := ternary (default dict .task.podSecurityContext) .root.Values.podSecurityContext (hasKey .task "podSecurityContext") }}
+{{- $c := ternary (default dict .task.securityContext) .root.Values.securityContext (hasKey .task "securityContext") }}
+{{- $out := list }}
+{{- if not (or (eq (toJson $pod.runAsNonRoot) "true") (eq (toJson $c.runAsNonRoot) "true")) }}
+{{- $out = append $out "runAsNonRoot is not true" }}
+{{- end }}
+{{- if or (eq (toJson $pod.runAsUser) "0") (eq (toJson $c.runAsUser) "0") }}
+{{- $out = append $out "runAsUser: 0" }}
+{{- end }}
+{{- $seccomp := default (default dict $pod.seccompProfile).type (default dict $c.seccompProfile).type }}
+{{- if not (has (toString $seccomp) (list "RuntimeDefault" "Localhost")) }}
+{{- $out = append $out (printf "seccompProfile.type: %s" (default "unset" $seccomp)) }}
+{{- end }}
+{{- if ne (toJson $c.allowPrivilegeEscalation) "false" }}
+{{- $out = append $out "securityContext.allowPrivilegeEscalation is not false" }}
+{{- end }}
+{{- if ne (toJson $c.readOnlyRootFilesystem) "true" }}
+{{- $out = append $out "securityContext.readOnlyRootFilesystem is not true" }}
+{{- end }}
+{{- if eq (toJson $c.privileged) "true" }}
+{{- $out = append $out "securityContext.privileged: true" }}
+{{- end }}
+{{- $caps := default dict $c.capabilities }}
+{{- if not (has "ALL" (default list $caps.drop)) }}
+{{- $out = append $out "securityContext.capabilities.drop lacks ALL" }}
+{{- end }}
+{{- with $caps.add }}
+{{- $out = append $out (printf "securityContext.capabilities.add: %s" (join "," .)) }}
+{{- end }}
+{{- $out | toJson }}
 {{- end }}
