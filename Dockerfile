@@ -9,7 +9,7 @@ ARG BASE_IMAGE=python:3.12-slim
 
 FROM ${BASE_IMAGE} AS builder
 # Extras the image carries, from pyproject.toml: adding one is adding a word here.
-ARG EXTRAS=hiredis,telemetry,queue
+ARG EXTRAS=hiredis,telemetry,queue,import
 ENV PIP_NO_CACHE_DIR=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1 \
     PIP_ROOT_USER_ACTION=ignore
@@ -33,7 +33,8 @@ RUN python3 -m venv /opt/cron-runner \
 # A directory rather than one file: a one-file build unpacks itself to /tmp and runs the
 # runner as its child on every start (2.8x the cold start, and the runner no longer PID 1;
 # bench/README.md). It links against this stage's glibc: built on Debian 12, it runs on
-# glibc 2.36 and later, never on musl (Alpine), which `cron-runner-launch` refuses with 78.
+# glibc 2.36 and later, never on musl (Alpine), which its launcher (bundle/launch.c) refuses
+# with 78.
 FROM builder AS bundle
 # PyInstaller needs objdump, and a shared libpython, which Debian's python3 keeps in a
 # package of its own (python:3.12-slim has one already); the static launcher needs a C
@@ -56,6 +57,7 @@ RUN cp -a /opt/cron-runner /opt/build \
         pyinstaller pyinstaller-hooks-contrib \
  && /opt/build/bin/python -m PyInstaller --noconfirm --log-level WARN --onedir --strip \
         --name cron-runner --collect-submodules runner \
+        --exclude-module setuptools --exclude-module pkg_resources --exclude-module _distutils_hack \
         --distpath /tmp/dist --workpath /tmp/pyinstaller --specpath /tmp/pyinstaller \
         runner/__main__.py \
  && mkdir /dist \
