@@ -165,7 +165,8 @@ def runner_removed(rendered: Manifest, original: Manifest, key: str) -> Manifest
 
 def sort_volume_keys(cj: Manifest) -> Manifest:
     """Lists of named objects compared by content; YAML key order never matters."""
-    return yaml.safe_load(yaml.safe_dump(cj, sort_keys=True))
+    plain: Manifest = yaml.safe_load(yaml.safe_dump(cj, sort_keys=True))
+    return plain
 
 
 @pytest.mark.parametrize("path", FILES, ids=lambda p: p.stem)

@@ -38,7 +38,11 @@ def test_hadolint_clean(dockerfile: Path) -> None:
 def test_base_image_is_an_argument() -> None:
     text = DOCKERFILE.read_text()
     assert "ARG BASE_IMAGE=python:3.12-slim" in text
-    assert re.findall(r"^FROM (\S+)", text, re.MULTILINE) == ["${BASE_IMAGE}", "builder", "${BASE_IMAGE}"]
+    assert re.findall(r"^FROM (\S+)", text, re.MULTILINE) == [
+        "${BASE_IMAGE}",
+        "builder",
+        "${BASE_IMAGE}",
+    ]
 
 
 def test_runs_as_the_charts_user_with_the_runner_as_entrypoint() -> None:
