@@ -5,7 +5,8 @@
 # touches the machine's own containers or images, and `clean` can delete all of it.
 #
 #   scripts/image.sh build       the base (mmdebstrap, tarball cached), localhost/cron-runner:test
-#                                and the examples/custom-image user image on top of it
+#                                and the examples/custom-image user image on top of it, and two
+#                                app images without Python (php-cli, nodejs) for runner.inject
 #   scripts/image.sh test        build, run the image tests (pytest -m image), print figures,
 #                                clean (KEEP_IMAGE=1 keeps everything for a look around)
 #   scripts/image.sh clean       remove our pods, images and storage; keep the cached base tarball
@@ -24,6 +25,9 @@ BASE_IMAGE=localhost/py-base:bookworm
 IMAGE=${IMAGE:-localhost/cron-runner:test}
 EXAMPLE_IMAGE=${EXAMPLE_IMAGE:-localhost/cron-runner-example:test}
 BASE_TAR=$WORK/cache/py-base-bookworm.tar
+# App images without Python, as a PHP or Node team has them: the chart injects the runner.
+PHP_IMAGE=${PHP_IMAGE:-localhost/app-php:test}
+NODE_IMAGE=${NODE_IMAGE:-localhost/app-node:test}
 PYTEST=${PYTEST:-.venv/bin/pytest}
 # What configure() creates, and so what clean() removes; cache/ is kept.
 OWNED_DIRS=(conf storage run tmp libpod networks)
@@ -74,7 +78,7 @@ EOF
     export CONTAINERS_CONF=$WORK/conf/containers.conf
     export CONTAINERS_STORAGE_CONF=$WORK/conf/storage.conf
     export TMPDIR=$WORK/tmp
-    export IMAGE EXAMPLE_IMAGE
+    export IMAGE EXAMPLE_IMAGE PHP_IMAGE NODE_IMAGE
 }
 
 debian_mirror() {
@@ -97,7 +101,29 @@ base() {
     podman import --quiet "$BASE_TAR" "$BASE_IMAGE" >/dev/null
 }
 
+# One app image from Debian's packages alone: mmdebstrap (tarball cached), the job script from
+# tests/image/apps, the image's own non-root user, entrypoint and cmd as a Dockerfile sets them.
+app_image() {
+    local image=$1 package=$2 script=$3 user=$4 entrypoint=$5 cmd=$6 tar
+    podman image exists "$image" && return
+    tar=$WORK/cache/app-$package-bookworm.tar
+    if [[ ! -s $tar ]]; then
+        echo "image.sh: mmdebstrap bookworm $package app base (cached in $tar)"
+        mmdebstrap --quiet --variant=minbase --include="$package" \
+            --aptopt='APT::Install-Recommends "false"' --aptopt='Acquire::Retries "3"' \
+            --customize-hook="mkdir -p \"\$1/app\"" \
+            --customize-hook="copy-in tests/image/apps/$script /app" \
+            --customize-hook='rm -rf "$1"/var/lib/apt/lists/* "$1"/var/cache/apt/*' \
+            --format=tar bookworm "$tar.partial" "$(debian_mirror)"
+        mv "$tar.partial" "$tar"
+    fi
+    podman import --quiet --change "USER $user" --change "WORKDIR /app" \
+        --change "ENTRYPOINT $entrypoint" --change "CMD $cmd" "$tar" "$image" >/dev/null
+}
+
 build() {
+    app_image "$PHP_IMAGE" php-cli job.php 33:33 '["php"]' '["/app/job.php"]'
+    app_image "$NODE_IMAGE" nodejs job.js 65534:65534 '["node"]' '["/app/job.js"]'
     base
     # Host network: RUN steps reach PyPI without podman creating bridges or firewall rules.
     local version ca_bundle=${PIP_CERT:-/etc/ssl/certs/ca-certificates.crt} trust=()

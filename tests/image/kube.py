@@ -97,7 +97,7 @@ def job_pod(cronjob: Manifest, *, job: str, pod_name: str) -> Manifest:
     }
     # The test Redis listens on 127.0.0.1, and the image exists only in local storage.
     pod["spec"]["hostNetwork"] = True
-    for container in pod["spec"]["containers"]:
+    for container in pod["spec"]["containers"] + pod["spec"].get("initContainers", []):
         container["imagePullPolicy"] = "Never"
         for env in container.get("env", []):
             source = env.pop("valueFrom", None)
