@@ -129,8 +129,9 @@ def load_documents(text: str, source: str) -> list[Doc]:
 
 def cronjobs_to_values(
     docs: Sequence[Any], *, entrypoint: Sequence[str] = (), cmd: Sequence[str] = ()
-) -> Doc:
-    """Chart values with one task per CronJob; raises Refused naming the first bad field."""
+) -> tuple[Doc, str | None]:
+    """Chart values with one task per CronJob, and the CronJobs' namespace if they name one;
+    raises Refused naming the first field it cannot carry over."""
     tasks: Doc = {}
     pull_secrets: list[Any] = []
     namespaces: set[str] = set()
@@ -163,7 +164,7 @@ def cronjobs_to_values(
     if pull_secrets:
         values["imagePullSecrets"] = pull_secrets
     values["tasks"] = tasks
-    return values
+    return values, next(iter(namespaces), None)
 
 
 def _cronjob(
@@ -408,12 +409,13 @@ def _strings(where: str, mapping: Mapping[str, Any]) -> dict[str, str]:
     return dict(mapping)
 
 
-def render_values(values: Doc, sources: Sequence[str]) -> str:
+def render_values(values: Doc, sources: Sequence[str], namespace: str | None) -> str:
     header = (
-        f"# cron-runner chart values from `cron-runner import {' '.join(sources)}`: each CronJob\n"
-        "# runs in its own image with the runner injected (runner.inject: initContainer).\n"
+        f"# Chart values from `cron-runner import {' '.join(sources)}`: each CronJob runs\n"
+        "# in its own image, with the runner injected (runner.inject: initContainer).\n"
         "# Add where the leases live (redis.host, or redis.url), then:\n"
-        "#   helm upgrade --install cron-runner charts/cron-runner -n NAMESPACE -f THIS_FILE\n"
-        "# and delete the original CronJobs (their names are kept: cronJobName).\n"
+        f"#   helm upgrade --install cron-runner charts/cron-runner -n {namespace or 'NAMESPACE'} -f FILE\n"
+        "# Their names are kept (cronJobName): annotate and label each CronJob for the release\n"
+        "# first (README, Use it), and Helm takes it over in place.\n"
     )
     return header + yaml.safe_dump(values, sort_keys=False, width=100)

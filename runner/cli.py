@@ -215,10 +215,10 @@ def cmd_import(args: argparse.Namespace, settings: Settings) -> int:
         except (OSError, UnicodeDecodeError) as exc:
             raise ConfigError(f"import: cannot read {name}: {exc}") from exc
         docs.extend(adopt.load_documents(text, "stdin" if name == "-" else name))
-    values = adopt.cronjobs_to_values(
+    values, namespace = adopt.cronjobs_to_values(
         docs, entrypoint=shlex.split(args.entrypoint or ""), cmd=shlex.split(args.cmd or "")
     )
-    sys.stdout.write(adopt.render_values(values, args.files))
+    sys.stdout.write(adopt.render_values(values, args.files, namespace))
     return 0
 
 

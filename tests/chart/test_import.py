@@ -359,3 +359,14 @@ def test_an_unreadable_file_is_named() -> None:
     done = run_import("/nonexistent/cronjob.yaml")
     assert done.returncode == ConfigError.exit_code
     assert "cannot read /nonexistent/cronjob.yaml" in done.stderr
+
+
+def test_the_readme_shows_what_import_prints_for_its_php_example(chart: Chart) -> None:
+    example = "examples/adopt/laravel-invoices.yaml"
+    printed = run_import(example).stdout
+    assert printed and f"```yaml\n{printed}```" in (ROOT / "README.md").read_text()
+    values = yaml.safe_load(printed)
+    original = originals(ROOT / example)[0]
+    rendered = render(chart, {**values, "redis": {"host": "redis"}}, namespace="shop")
+    got = runner_removed(rendered.one("CronJob", "shop-invoices"), original, "shop-invoices")
+    assert sort_volume_keys(got) == sort_volume_keys(expected(original))
