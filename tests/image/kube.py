@@ -95,6 +95,19 @@ def job_pod(cronjob: Manifest, *, job: str, pod_name: str) -> Manifest:
         },
         "spec": template["spec"],
     }
+    # podman 4.3 plays an emptyDir as a named volume, shared by every pod that names it; the
+    # kubelet gives each pod its own. Three pods copying the runner into one volume at once
+    # would collide, so each pod's emptyDirs get names of their own.
+    own = {
+        v["name"]: f"{pod_name}-{v['name']}"
+        for v in pod["spec"].get("volumes", [])
+        if "emptyDir" in v
+    }
+    for volume in pod["spec"].get("volumes", []):
+        volume["name"] = own.get(volume["name"], volume["name"])
+    for container in pod["spec"]["containers"] + pod["spec"].get("initContainers", []):
+        for mount in container.get("volumeMounts", []):
+            mount["name"] = own.get(mount["name"], mount["name"])
     # The test Redis listens on 127.0.0.1, and the image exists only in local storage.
     pod["spec"]["hostNetwork"] = True
     for container in pod["spec"]["containers"] + pod["spec"].get("initContainers", []):
@@ -176,6 +189,10 @@ class Podman:
                 timeout=60,
                 check=False,
             )
+            # The pod's emptyDirs, which podman keeps as named volumes (job_pod).
+            volumes = self("volume", "ls", "--quiet", "--filter", f"name=^{pod}-").split()
+            if volumes:
+                self("volume", "rm", "--force", *volumes)
         self.pods.clear()
 
 
