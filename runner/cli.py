@@ -188,10 +188,13 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     p.add_argument(
         "--entrypoint",
         metavar="CMD",
-        help="the image's ENTRYPOINT, for a container without command, e.g. 'docker-php-entrypoint'",
+        help="the image's ENTRYPOINT, for every container without command (a manifest does not "
+        "show it), e.g. 'docker-php-entrypoint'",
     )
     p.add_argument(
-        "--cmd", metavar="CMD", help="the image's CMD, for a container without command or args"
+        "--cmd",
+        metavar="CMD",
+        help="the image's CMD, for every container without command; its args replace it",
     )
     _add_setting_flags(p, ("LOG_FORMAT", "LOG_LEVEL"))
     p.set_defaults(handler=cmd_import)

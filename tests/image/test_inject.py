@@ -147,6 +147,9 @@ def test_pod_stop_mid_run_exits_143_and_frees_the_lease(
     podman.play_at_once([pod])
     podman.wait_for_event(container, "acquired")
     assert r.exists(keys("php-long").lease)
+    # The launcher became the bundle (execv): the runner itself is the container's PID 1.
+    pid1 = podman("exec", container, "/usr/bin/readlink", "/proc/1/exe").strip()
+    assert pid1 == "/cron-runner/bundle/cron-runner"
     podman("pod", "stop", "--time", str(GRACE_S), pod["metadata"]["name"], timeout_s=GRACE_S + 30)
 
     assert podman.wait_exit_codes([container]) == [EXIT_TERMINATED]
