@@ -153,6 +153,12 @@ figures() {
         printf "base image:            %6.1f MB\n", b / 1e6
         printf "our layers above base: %6.1f MB\n", (i - b) / 1e6 }'
     podman history --format '{{.Size}}\t{{.CreatedBy}}' "$IMAGE" | cut -c1-110 | head -n 12
+    local app
+    for app in "$PHP_IMAGE" "$NODE_IMAGE"; do
+        podman image exists "$app" || continue
+        awk -v s="$(podman image inspect --format '{{.Size}}' "$app")" -v n="$app" \
+            'BEGIN { printf "app image %s: %6.1f MB (no Python)\n", n, s / 1e6 }'
+    done
 }
 
 unmount_below_work() {
