@@ -1,16 +1,19 @@
 {{/*
-The pod spec of every CronJob the chart renders (the tasks and the watchdog), in one place.
+The pod spec of every CronJob the chart renders (the tasks and the watchdog), in one place;
+a Deployment's may use it too (no restartPolicy, optional topologySpreadConstraints).
 Keys come out in one fixed order, and each volume and mount with its name first, so that a
 change here shows as a change in manifests/ and nowhere else.
 
 Call with a dict: "root" $, "restartPolicy", "terminationGracePeriodSeconds",
 "serviceAccountName", "automountServiceAccountToken", "securityContext" (the pod's),
-"priorityClassName", "nodeSelector", "tolerations", "affinity", "initContainers" and
-"extraContainers" (the user's own, as given), "chartInitContainers" and "containers" (the
-chart's, lists of container dicts, see cron-runner.container), "volumes" (a list).
+"priorityClassName", "nodeSelector", "tolerations", "affinity", "topologySpreadConstraints",
+"initContainers" and "extraContainers" (the user's own, as given), "chartInitContainers" and
+"containers" (the chart's, lists of container dicts, see cron-runner.container), "volumes".
 */}}
 {{- define "cron-runner.podSpec" -}}
-restartPolicy: {{ .restartPolicy }}
+{{- with .restartPolicy }}
+restartPolicy: {{ . }}
+{{- end }}
 terminationGracePeriodSeconds: {{ int64 .terminationGracePeriodSeconds }}
 serviceAccountName: {{ .serviceAccountName }}
 automountServiceAccountToken: {{ if .automountServiceAccountToken }}true{{ else }}false{{ end }}
@@ -34,6 +37,10 @@ tolerations:
 {{- end }}
 {{- with .affinity }}
 affinity:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- with .topologySpreadConstraints }}
+topologySpreadConstraints:
   {{- toYaml . | nindent 2 }}
 {{- end }}
 {{- if or .initContainers .chartInitContainers }}
