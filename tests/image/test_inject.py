@@ -197,26 +197,47 @@ def bundle(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return out
 
 
-def test_a_musl_image_is_refused_with_the_config_code(
-    podman: Podman, bundle: Path, tmp_path: Path
+@pytest.mark.parametrize(
+    ("loader", "says"),
+    [
+        ("ld-musl-x86_64.so.1", "this image uses musl libc (Alpine?)"),
+        (None, "this image has no glibc (/lib64/ld-linux-x86-64.so.2 is missing)"),
+    ],
+    ids=["musl", "no-libc"],
+)
+def test_an_image_without_glibc_is_refused_with_the_config_code(
+    podman: Podman, bundle: Path, tmp_path: Path, loader: str | None, says: str
 ) -> None:
-    # An Alpine-like root: musl's loader and nothing of glibc.
+    # An Alpine-like root (musl's loader and nothing of glibc), or one with no libc at all.
     root = tmp_path / "root"
     (root / "lib").mkdir(parents=True)
-    (root / "lib" / "ld-musl-x86_64.so.1").write_bytes(b"")
-    tarball = tmp_path / "musl.tar"
+    if loader:
+        (root / "lib" / loader).write_bytes(b"")
+    tarball = tmp_path / "root.tar"
     subprocess.run(["tar", "-C", str(root), "-cf", str(tarball), "."], check=True)
-    podman("import", "--quiet", str(tarball), "localhost/musl-like:test")
+    podman("import", "--quiet", str(tarball), "localhost/no-glibc:test")
     done = subprocess.run(
         [str(podman.binary), "run", "--rm", "--pull=never", "--read-only",
-         "-v", f"{bundle}:/cron-runner:ro", "localhost/musl-like:test",
+         "-v", f"{bundle}:/cron-runner:ro", "localhost/no-glibc:test",
          "/cron-runner/cron-runner", "exec", "--name", "x", "--", "true"],
         capture_output=True, text=True, timeout=60, check=False,
     )  # fmt: skip
-    podman("rmi", "localhost/musl-like:test")
+    podman("rmi", "localhost/no-glibc:test")
     assert done.returncode == ConfigError.exit_code, done.stderr
-    assert "this image uses musl libc (Alpine?)" in done.stderr
+    assert says in done.stderr
     assert "glibc 2.36 or later" in done.stderr
+
+
+def test_import_runs_from_the_runner_image(podman: Podman) -> None:
+    manifest = (ROOT / "examples" / "adopt" / "laravel-invoices.yaml").read_text()
+    done = subprocess.run(
+        [str(podman.binary), "run", "--rm", "-i", "--pull=never", "--read-only", IMAGE,
+         "import", "-"],
+        input=manifest, capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert "cronJobName: shop-invoices" in done.stdout
+    assert "inject: initContainer" in done.stdout
 
 
 # The CLI tests whose subject is a command (exec), not a registered Python task: the bundle
