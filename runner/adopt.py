@@ -53,6 +53,15 @@ SERVER_DEFAULTS: Doc = {
 }
 CHART_VOLUMES = {"tmp", "cron-runner", "redis-tls"}
 CHART_MOUNT_PATHS = {"/tmp", "/cron-runner"}  # noqa: S108 - the chart's mounts, not files
+# The labels the chart gives every task pod, which select them; a pod label may not replace them.
+CHART_POD_LABELS = {
+    "app.kubernetes.io/name",
+    "app.kubernetes.io/instance",
+    "app.kubernetes.io/component",
+    "app.kubernetes.io/managed-by",
+    "app.kubernetes.io/version",
+    "helm.sh/chart",
+}
 CHART_ENV = {"CRON_RUNNER_SHUTDOWN_GRACE", "CRON_RUNNER_JOB_NAME", "CRON_RUNNER_CRONJOB_NAME"}
 OBJECT_META_DROPPED = {
     "uid",
@@ -217,6 +226,11 @@ def _cronjob(
     pod_meta.take("creationTimestamp")
     if labels := pod_meta.take("labels", Mapping):
         task["podLabels"] = _strings(f"{pod_meta.where}.labels", labels)
+        for key in CHART_POD_LABELS & set(labels):
+            raise Refused(
+                f"{pod_meta.where}.labels.{key}: the chart's pods carry their own {key} (the "
+                "NetworkPolicy and `kubectl logs -l` select on it); rename this label"
+            )
     if annotations := pod_meta.take("annotations", Mapping):
         task["podAnnotations"] = _strings(f"{pod_meta.where}.annotations", annotations)
     pod_meta.done()

@@ -99,8 +99,9 @@ def runner_removed(rendered: Manifest, original: Manifest, key: str) -> Manifest
     meta = cj["metadata"]
     meta.pop("namespace")
     own = original["metadata"].get("labels", {})
-    chart_labels = {k for k in meta["labels"] if k not in own or meta["labels"][k] != own[k]}
-    assert chart_labels <= {
+    # The CronJob keeps its own labels, and gains the chart's (which may not replace them).
+    assert own.items() <= meta["labels"].items()
+    assert set(meta["labels"]) - set(own) <= {
         "helm.sh/chart",
         "app.kubernetes.io/name",
         "app.kubernetes.io/instance",
@@ -114,9 +115,11 @@ def runner_removed(rendered: Manifest, original: Manifest, key: str) -> Manifest
     job = cj["spec"]["jobTemplate"]
     job.pop("metadata")
     template = job["spec"]["template"]
-    template["metadata"]["labels"] = (
+    pod_labels = (
         original["spec"]["jobTemplate"]["spec"]["template"].get("metadata", {}).get("labels", {})
     )
+    assert pod_labels.items() <= template["metadata"]["labels"].items()
+    template["metadata"]["labels"] = pod_labels
     if not template["metadata"]["labels"]:
         del template["metadata"]["labels"]
     pod = template["spec"]
@@ -317,6 +320,28 @@ BROKEN = [
         "a mount on /tmp",
         yaml.safe_dump(cronjob(container={"volumeMounts": [{"name": "t", "mountPath": "/tmp"}]})),
         "containers[0].volumeMounts[0].mountPath: '/tmp'",
+    ),
+    (
+        "a pod label the chart selects on",
+        yaml.safe_dump(
+            cronjob()
+            | {
+                "spec": {
+                    "schedule": "* * * * *",
+                    "jobTemplate": {
+                        "spec": {
+                            "template": {
+                                "metadata": {"labels": {"app.kubernetes.io/name": "shop"}},
+                                "spec": cronjob()["spec"]["jobTemplate"]["spec"]["template"][
+                                    "spec"
+                                ],
+                            }
+                        }
+                    },
+                }
+            }
+        ),
+        "template.metadata.labels.app.kubernetes.io/name: the chart's pods carry their own",
     ),
     (
         "a short grace",

@@ -91,7 +91,11 @@ def test_every_pod_setting_per_task(chart: Chart) -> None:
         injected(
             command=["php", "x.php"],
             cronJobName="legacy-report",
-            labels={"team": "payments"},
+            labels={
+                "team": "payments",
+                "app.kubernetes.io/name": "shop",
+                "app.kubernetes.io/instance": "elsewhere",
+            },
             annotations={"owner": "ops@example.com"},
             workingDir="/srv/app",
             serviceAccountName="reporter",
@@ -114,7 +118,11 @@ def test_every_pod_setting_per_task(chart: Chart) -> None:
         ),
     )
     assert cj["metadata"]["name"] == "legacy-report"
-    assert cj["metadata"]["labels"]["team"] == "payments"
+    labels = cj["metadata"]["labels"]
+    assert (labels["team"], labels["app.kubernetes.io/name"]) == ("payments", "shop")
+    # Helm and the chart find their objects by these: a task's labels do not replace them.
+    assert labels["app.kubernetes.io/instance"] == "cron-runner"
+    assert labels["app.kubernetes.io/component"] == "report"
     assert cj["metadata"]["annotations"] == {"owner": "ops@example.com"}
     template = cj["spec"]["jobTemplate"]["spec"]["template"]
     assert template["metadata"]["labels"]["app"] == "shop"
