@@ -72,7 +72,8 @@ def _field(pod: Manifest, path: str) -> str:
         return str(simple[path])
     keyed = re.fullmatch(r"metadata\.(labels|annotations)\['([^']+)'\]", path)
     assert keyed, f"the chart uses downward-API field {path!r}: teach tests/image/kube.py it"
-    return str(meta.get(keyed[1], {})[keyed[2]])
+    # As the kubelet does, a label or annotation the pod lacks reads as empty.
+    return str(meta.get(keyed[1], {}).get(keyed[2], ""))
 
 
 def job_pod(cronjob: Manifest, *, job: str, pod_name: str) -> Manifest:
