@@ -11,7 +11,7 @@
 ARG BASE_IMAGE=python:3.12-slim@sha256:78387bc3881b8273120a12ebe6c1ab22b018ccc2c9adf565ae1ac9b536e184ea
 
 FROM ${BASE_IMAGE} AS builder
-# The extras the image carries (hiredis, telemetry, queue) are those image/requirements.txt
+# The extras the image carries (hiredis, telemetry, queue, import) are those image/requirements.txt
 # is compiled with: adding one is adding a word to IMAGE_EXTRAS in the Makefile, then
 # `make image-lock`.
 ENV PIP_NO_CACHE_DIR=1 \
@@ -44,6 +44,48 @@ RUN /opt/build-tools/bin/pip wheel --no-deps --no-build-isolation --wheel-dir /w
  && /opt/cron-runner/bin/python -m compileall -q --invalidation-mode unchecked-hash \
         /opt/cron-runner/lib
 
+# The self-contained runner for app images without Python (the chart's `runner.inject`): a
+# PyInstaller bundle of the same runner, with the interpreter and every library inside.
+# A directory rather than one file: a one-file build unpacks itself to /tmp and runs the
+# runner as its child on every start (2.8x the cold start, and the runner no longer PID 1;
+# bench/README.md). It links against this stage's glibc: built on Debian 12, it runs on
+# glibc 2.36 and later, never on musl (Alpine), which its launcher (bundle/launch.c) refuses
+# with 78.
+FROM builder AS bundle
+# PyInstaller needs objdump, and a shared libpython, which Debian's python3 keeps in a
+# package of its own (python:3.12-slim has one already); the static launcher needs a C
+# compiler.
+# hadolint ignore=DL3008
+RUN libpython="" \
+ && if ! python3 -c 'import ctypes.util as u, sys; sys.exit(u.find_library("python%d.%d" % sys.version_info[:2]) is None)'; then \
+        libpython=$(python3 -c 'import sys; print("libpython%d.%d" % sys.version_info[:2])'); \
+    fi \
+ && apt-get update -qq \
+ && apt-get install -y -qq --no-install-recommends binutils gcc libc6-dev ${libpython:+"$libpython"} \
+        >/dev/null \
+ && rm -rf /var/lib/apt/lists/*
+COPY bundle ./bundle
+COPY image/bundle-tools.txt ./image/
+# PyInstaller goes into a copy of the runner's venv, so that it sees exactly what the image
+# carries (with its metadata) and the venv itself stays without it. That venv has no pip any
+# more: ensurepip puts back the one Python ships (no download), and PyInstaller comes
+# hash-checked from image/bundle-tools.txt. Layout: the launcher as cron-runner, the bundle
+# beside it in bundle/.
+RUN cp -a /opt/cron-runner /opt/build \
+ && /opt/build/bin/python -m ensurepip --default-pip >/dev/null \
+ && /opt/build/bin/python -m pip install --quiet --require-hashes --no-deps \
+        -r image/bundle-tools.txt \
+ && /opt/build/bin/python -m PyInstaller --noconfirm --log-level WARN --onedir --strip \
+        --name cron-runner --collect-submodules runner \
+        --exclude-module setuptools --exclude-module pkg_resources --exclude-module _distutils_hack \
+        --distpath /tmp/dist --workpath /tmp/pyinstaller --specpath /tmp/pyinstaller \
+        runner/__main__.py \
+ && mkdir /dist \
+ && mv /tmp/dist/cron-runner /dist/bundle \
+ && gcc -static -Os -Wall -Werror -o /dist/cron-runner bundle/launch.c \
+ && strip /dist/cron-runner \
+ && /dist/cron-runner --version
+
 FROM ${BASE_IMAGE}
 ARG VERSION=0.1.0
 # /opt/cron-runner/share/sbom.cdx.json: CycloneDX SBOM of the venv's Python packages.
@@ -65,6 +107,7 @@ RUN python3 -m compileall -q -j 0 -x '/(idlelib|tkinter|turtledemo|lib2to3|ensur
         "$(python3 -c 'import sysconfig; print(sysconfig.get_path("stdlib"))')"
 
 COPY --from=builder /opt/cron-runner /opt/cron-runner
+COPY --from=bundle /dist /opt/cron-runner-bin
 
 # Nothing writes outside /tmp (an emptyDir under readOnlyRootFilesystem), and no .pyc is
 # written at run time: they were compiled in the builder.

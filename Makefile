@@ -87,7 +87,7 @@ image-clean:
 
 # The image's hash-locked requirements (image/*.txt), from PyPI, with pip-tools in a venv
 # of its own; constraints.txt decides the versions, as it does for `make venv`.
-IMAGE_EXTRAS := hiredis telemetry queue
+IMAGE_EXTRAS := hiredis telemetry queue import
 LOCK_TOOLS   := .work/lock-tools
 LOCK_PIP_ENV := env -u PIP_FIND_LINKS -u PIP_CONSTRAINT PIP_CONFIG_FILE=/dev/null
 .PHONY: image-lock
@@ -101,6 +101,9 @@ image-lock:
 	$(LOCK_PIP_ENV) $(LOCK_TOOLS)/bin/pip-compile -q --generate-hashes --allow-unsafe \
 	    --strip-extras --index-url https://pypi.org/simple --no-emit-index-url \
 	    -o image/build-tools.txt image/build-tools.in
+	$(LOCK_PIP_ENV) $(LOCK_TOOLS)/bin/pip-compile -q --generate-hashes --allow-unsafe \
+	    --strip-extras -c constraints.txt --index-url https://pypi.org/simple --no-emit-index-url \
+	    -o image/bundle-tools.txt image/bundle-tools.in
 
 # The user's real path, for machines with Docker, kind, helm and kubectl (not CI's).
 e2e-kind:

@@ -176,7 +176,56 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     from runner import queue_cli  # noqa: PLC0415 - worker and dlq; Dramatiq only in handlers
 
     queue_cli.add_commands(sub, lambda p, names: _add_setting_flags(p, (*names, *COMMON_FLAGS)))
+
+    p = sub.add_parser(
+        "import",
+        help="print chart values that run existing CronJobs under the runner, in their own images",
+        description="Read CronJob manifests (files, or - for stdin; one or many YAML documents) and "
+        "print chart values that reproduce them under the runner: the same image, command, "
+        "schedule, time zone, history limits, pod settings and CronJob name, with the runner "
+        "injected (runner.inject: initContainer). A field the chart cannot carry over exits 78, "
+        "naming it. Example:\n  kubectl get cronjob nightly -o yaml | cron-runner import - > values.yaml",
+        formatter_class=fmt,
+    )
+    p.add_argument("files", nargs="*", default=["-"], metavar="FILE", help="manifests (default -)")
+    p.add_argument(
+        "--entrypoint",
+        metavar="CMD",
+        help="the image's ENTRYPOINT, for every container without command (a manifest does not "
+        "show it), e.g. 'docker-php-entrypoint'",
+    )
+    p.add_argument(
+        "--cmd",
+        metavar="CMD",
+        help="the image's CMD, for every container without command; its args replace it",
+    )
+    _add_setting_flags(p, ("LOG_FORMAT", "LOG_LEVEL"))
+    p.set_defaults(handler=cmd_import)
     return parser
+
+
+def cmd_import(args: argparse.Namespace, settings: Settings) -> int:
+    import shlex  # noqa: PLC0415
+    from pathlib import Path  # noqa: PLC0415
+
+    try:
+        from runner import adopt  # noqa: PLC0415 - PyYAML, for this command only
+    except ImportError as exc:
+        raise ConfigError(
+            f"import needs PyYAML: pip install 'redis-cron-runner[import]' ({exc})"
+        ) from exc
+    docs = []
+    for name in args.files:
+        try:
+            text = sys.stdin.read() if name == "-" else Path(name).read_text()
+        except (OSError, UnicodeDecodeError) as exc:
+            raise ConfigError(f"import: cannot read {name}: {exc}") from exc
+        docs.extend(adopt.load_documents(text, "stdin" if name == "-" else name))
+    values, namespace = adopt.cronjobs_to_values(
+        docs, entrypoint=shlex.split(args.entrypoint or ""), cmd=shlex.split(args.cmd or "")
+    )
+    sys.stdout.write(adopt.render_values(values, args.files, namespace))
+    return 0
 
 
 def cmd_run(args: argparse.Namespace, settings: Settings) -> int:

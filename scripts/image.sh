@@ -5,7 +5,8 @@
 # touches the machine's own containers or images, and `clean` can delete all of it.
 #
 #   scripts/image.sh build       the base (mmdebstrap, tarball cached), localhost/cron-runner:test
-#                                and the examples/custom-image user image on top of it
+#                                and the examples/custom-image user image on top of it, and two
+#                                app images without Python (php-cli, nodejs) for runner.inject
 #   scripts/image.sh test        build, run the image tests (pytest -m image), print figures,
 #                                clean (KEEP_IMAGE=1 keeps everything for a look around)
 #   scripts/image.sh clean       remove our pods, images and storage; keep the cached base tarball
@@ -29,6 +30,9 @@ BASE_TAR=$WORK/cache/py-base-bookworm.tar
 BASE_LOCK=image/base-packages.lock
 # Build artifacts: the CycloneDX SBOM of the image's Python packages.
 ARTIFACTS=${ARTIFACTS:-dist}
+# App images without Python, as a PHP or Node team has them: the chart injects the runner.
+PHP_IMAGE=${PHP_IMAGE:-localhost/app-php:test}
+NODE_IMAGE=${NODE_IMAGE:-localhost/app-node:test}
 PYTEST=${PYTEST:-.venv/bin/pytest}
 # What configure() creates, and so what clean() removes; cache/ is kept.
 OWNED_DIRS=(conf storage run tmp libpod networks)
@@ -79,7 +83,7 @@ EOF
     export CONTAINERS_CONF=$WORK/conf/containers.conf
     export CONTAINERS_STORAGE_CONF=$WORK/conf/storage.conf
     export TMPDIR=$WORK/tmp
-    export IMAGE EXAMPLE_IMAGE
+    export IMAGE EXAMPLE_IMAGE PHP_IMAGE NODE_IMAGE
 }
 
 debian_mirror() {
@@ -127,7 +131,29 @@ sbom() {
     echo "image.sh: SBOM of the image's Python packages in $ARTIFACTS/cron-runner-image.cdx.json"
 }
 
+# One app image from Debian's packages alone: mmdebstrap (tarball cached), the job script from
+# tests/image/apps, the image's own non-root user, entrypoint and cmd as a Dockerfile sets them.
+app_image() {
+    local image=$1 package=$2 script=$3 user=$4 entrypoint=$5 cmd=$6 tar
+    podman image exists "$image" && return
+    tar=$WORK/cache/app-$package-bookworm.tar
+    if [[ ! -s $tar ]]; then
+        echo "image.sh: mmdebstrap bookworm $package app base (cached in $tar)"
+        mmdebstrap --quiet --variant=minbase --include="$package" \
+            --aptopt='APT::Install-Recommends "false"' --aptopt='Acquire::Retries "3"' \
+            --customize-hook="mkdir -p \"\$1/app\"" \
+            --customize-hook="copy-in tests/image/apps/$script /app" \
+            --customize-hook='rm -rf "$1"/var/lib/apt/lists/* "$1"/var/cache/apt/*' \
+            --format=tar bookworm "$tar.partial" "$(debian_mirror)"
+        mv "$tar.partial" "$tar"
+    fi
+    podman import --quiet --change "USER $user" --change "WORKDIR /app" \
+        --change "ENTRYPOINT $entrypoint" --change "CMD $cmd" "$tar" "$image" >/dev/null
+}
+
 build() {
+    app_image "$PHP_IMAGE" php-cli job.php 33:33 '["php"]' '["/app/job.php"]'
+    app_image "$NODE_IMAGE" nodejs job.js 65534:65534 '["node"]' '["/app/job.js"]'
     base
     check_base_lock
     # Host network: RUN steps reach PyPI without podman creating bridges or firewall rules.
@@ -159,6 +185,12 @@ figures() {
         printf "base image:            %6.1f MB\n", b / 1e6
         printf "our layers above base: %6.1f MB\n", (i - b) / 1e6 }'
     podman history --format '{{.Size}}\t{{.CreatedBy}}' "$IMAGE" | cut -c1-110 | head -n 12
+    local app
+    for app in "$PHP_IMAGE" "$NODE_IMAGE"; do
+        podman image exists "$app" || continue
+        awk -v s="$(podman image inspect --format '{{.Size}}' "$app")" -v n="$app" \
+            'BEGIN { printf "app image %s: %6.1f MB (no Python)\n", n, s / 1e6 }'
+    done
 }
 
 unmount_below_work() {

@@ -29,6 +29,7 @@ EXPECTED_CI_FILES = {
     "07-zero-values.yaml",
     "08-queue-mode-workers-values.yaml",
     "09-queue-bundled-redis-values.yaml",
+    "10-inject-app-images-values.yaml",
 }
 
 

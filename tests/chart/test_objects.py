@@ -82,7 +82,8 @@ def test_one_cronjob_per_task_named_after_release_and_task(chart: Chart) -> None
         cronjobs = rendered.cronjobs()
         assert set(cronjobs) == tasks, name
         for task, cj in cronjobs.items():
-            assert cj["metadata"]["name"] == f"{RELEASE}-{task}"
+            kept = ci_values(name)["tasks"][task].get("cronJobName")
+            assert cj["metadata"]["name"] == (kept or f"{RELEASE}-{task}")
             assert cj["metadata"]["namespace"] == NAMESPACE
             pod_labels = cj["spec"]["jobTemplate"]["spec"]["template"]["metadata"]["labels"]
             assert pod_labels["app.kubernetes.io/component"] == task
@@ -206,7 +207,8 @@ def test_env_contract_is_complete_in_every_cronjob(chart: Chart) -> None:
             assert env["CRON_RUNNER_SCHEDULE"]["value"] == cj["spec"]["schedule"]
             assert env["CRON_RUNNER_TIMEZONE"]["value"] == cj["spec"].get("timeZone", "UTC")
             assert env["CRON_RUNNER_LOG_FORMAT"]["value"] == "json"
-            assert c["command"] == ["cron-runner"]
+            # Injected into the task's own image, the runner runs from the emptyDir.
+            assert c["command"] in (["cron-runner"], ["/cron-runner/cron-runner"])
 
 
 def test_shutdown_grace_is_always_five_seconds_below_the_pod_grace(chart: Chart) -> None:
@@ -322,7 +324,8 @@ def assert_restricted(doc: Manifest, uid: int) -> None:
         assert not sc.get("privileged"), where
         assert sc.get("runAsUser", uid) != 0, where
         assert all("hostPort" not in p for p in c.get("ports", [])), where
-        assert {"name": "tmp", "mountPath": "/tmp"} in c["volumeMounts"], where
+    # The chart's own container gets a writable /tmp; a task's extra containers are its own.
+    assert {"name": "tmp", "mountPath": "/tmp"} in spec["containers"][0]["volumeMounts"], where
     tmp = next(v for v in spec["volumes"] if v["name"] == "tmp")
     assert "emptyDir" in tmp, where
 

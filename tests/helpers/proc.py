@@ -10,7 +10,9 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[2]
-CRON_RUNNER = str(Path(sys.executable).parent / "cron-runner")
+# RUNNER_BINARY runs the same tests against another build of the runner, such as the
+# self-contained one the image carries for app images (tests/image/test_inject.py).
+CRON_RUNNER = os.environ.get("RUNNER_BINARY") or str(Path(sys.executable).parent / "cron-runner")
 
 
 def runner_env(redis_url: str, **extra: str) -> dict[str, str]:

@@ -72,7 +72,8 @@ def _field(pod: Manifest, path: str) -> str:
         return str(simple[path])
     keyed = re.fullmatch(r"metadata\.(labels|annotations)\['([^']+)'\]", path)
     assert keyed, f"the chart uses downward-API field {path!r}: teach tests/image/kube.py it"
-    return str(meta.get(keyed[1], {})[keyed[2]])
+    # As the kubelet does, a label or annotation the pod lacks reads as empty.
+    return str(meta.get(keyed[1], {}).get(keyed[2], ""))
 
 
 def job_pod(cronjob: Manifest, *, job: str, pod_name: str) -> Manifest:
@@ -95,9 +96,22 @@ def job_pod(cronjob: Manifest, *, job: str, pod_name: str) -> Manifest:
         },
         "spec": template["spec"],
     }
+    # podman 4.3 plays an emptyDir as a named volume, shared by every pod that names it; the
+    # kubelet gives each pod its own. Three pods copying the runner into one volume at once
+    # would collide, so each pod's emptyDirs get names of their own.
+    own = {
+        v["name"]: f"{pod_name}-{v['name']}"
+        for v in pod["spec"].get("volumes", [])
+        if "emptyDir" in v
+    }
+    for volume in pod["spec"].get("volumes", []):
+        volume["name"] = own.get(volume["name"], volume["name"])
+    for container in pod["spec"]["containers"] + pod["spec"].get("initContainers", []):
+        for mount in container.get("volumeMounts", []):
+            mount["name"] = own.get(mount["name"], mount["name"])
     # The test Redis listens on 127.0.0.1, and the image exists only in local storage.
     pod["spec"]["hostNetwork"] = True
-    for container in pod["spec"]["containers"]:
+    for container in pod["spec"]["containers"] + pod["spec"].get("initContainers", []):
         container["imagePullPolicy"] = "Never"
         for env in container.get("env", []):
             source = env.pop("valueFrom", None)
@@ -176,6 +190,10 @@ class Podman:
                 timeout=60,
                 check=False,
             )
+            # The pod's emptyDirs, which podman keeps as named volumes (job_pod).
+            volumes = self("volume", "ls", "--quiet", "--filter", f"name=^{pod}-").split()
+            if volumes:
+                self("volume", "rm", "--force", *volumes)
         self.pods.clear()
 
 

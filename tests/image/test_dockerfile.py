@@ -39,7 +39,11 @@ def test_base_image_is_an_argument() -> None:
     text = DOCKERFILE.read_text()
     # Pinned by digest, the tag beside it (image/README.md).
     assert re.search(r"^ARG BASE_IMAGE=python:3\.12-slim@sha256:[0-9a-f]{64}$", text, re.M)
-    assert re.findall(r"^FROM (\S+)", text, re.MULTILINE) == ["${BASE_IMAGE}", "${BASE_IMAGE}"]
+    assert re.findall(r"^FROM (\S+)", text, re.MULTILINE) == [
+        "${BASE_IMAGE}",
+        "builder",
+        "${BASE_IMAGE}",
+    ]
 
 
 def test_runs_as_the_charts_user_with_the_runner_as_entrypoint() -> None:
@@ -74,7 +78,7 @@ def test_every_download_is_hash_checked_and_no_pip_stays() -> None:
         assert "--no-deps" in install, install
     assert "pip uninstall --yes --quiet setuptools pip" in text
     assert "test ! -e /opt/cron-runner/bin/pip" in text
-    for lock in ("requirements.txt", "build-tools.txt"):
+    for lock in ("requirements.txt", "build-tools.txt", "bundle-tools.txt"):
         locked = _locked(ROOT / "image" / lock)
         assert locked and all(locked.values()), lock
 
@@ -87,7 +91,7 @@ def test_the_lock_has_the_versions_constraints_txt_pins() -> None:
             pins[name.strip().lower()] = version.strip()
     locked = {n.split("==")[0].replace("_", "-"): n.split("==")[1]
               for n in _locked(ROOT / "image" / "requirements.txt")}  # fmt: skip
-    for name in ("redis", "croniter", "hiredis", "dramatiq", "opentelemetry-sdk"):
+    for name in ("redis", "hiredis", "dramatiq", "opentelemetry-sdk", "pyyaml"):
         assert name in locked, name
     for name, version in locked.items():
         if name in pins:

@@ -133,7 +133,8 @@ def test_exec_path_imports_no_optional_heavy_modules() -> None:
     # A CronJob pod starts cold every run: `exec` must not pay for what it does not use.
     code = (
         "import sys, runner.cli, runner.execution, runner.store, runner.targets;"
-        "heavy = ['croniter', 'runner.cronexpr', 'opentelemetry', 'dramatiq', 'kubernetes'];"
+        "heavy = ['croniter', 'runner.cronexpr', 'opentelemetry', 'dramatiq', 'kubernetes', 'yaml',"
+        " 'runner.adopt'];"
         "print([m for m in heavy if m in sys.modules])"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)

@@ -64,6 +64,14 @@ which could give two tasks the same name.
 */}}
 {{- define "cron-runner.cronjobName" -}}
 {{- $name := printf "%s-%s" (include "cron-runner.fullname" .root) .name }}
+{{- /* A task adopted from an existing CronJob may keep its name (dashboards, alerts). */}}
+{{- $task := index (default dict .root.Values.tasks) .name }}
+{{- if and (kindIs "map" $task) $task.cronJobName }}
+{{- $name = toString $task.cronJobName }}
+{{- if not (regexMatch "^[a-z0-9]([-a-z0-9]*[a-z0-9])?$" $name) }}
+{{- fail (printf "task %q: cronJobName %q is not a DNS label (lower-case letters, digits and '-', starting and ending with a letter or digit)" .name $name) }}
+{{- end }}
+{{- end }}
 {{- if gt (len $name) 52 }}
 {{- fail (printf "task %q: its CronJob name %q is %d characters; Kubernetes allows at most 52 (each Job appends an 11-character timestamp). Shorten the task name, or set fullnameOverride." .name $name (len $name)) }}
 {{- end }}
@@ -349,7 +357,7 @@ logging and Redis, with runner.env over them, as a JSON list.
 
 {{/* jobDefaults fields a task may override; the task's value replaces the default whole. */}}
 {{- define "cron-runner.jobFields" -}}
-{{- list "concurrencyPolicy" "startingDeadlineSeconds" "successfulJobsHistoryLimit" "failedJobsHistoryLimit" "backoffLimit" "activeDeadlineSeconds" "ttlSecondsAfterFinished" "restartPolicy" "podFailurePolicy" "terminationGracePeriodSeconds" "resources" "nodeSelector" "tolerations" "affinity" "priorityClassName" "podAnnotations" "podLabels" "extraVolumes" "extraVolumeMounts" | toJson }}
+{{- list "concurrencyPolicy" "startingDeadlineSeconds" "successfulJobsHistoryLimit" "failedJobsHistoryLimit" "backoffLimit" "activeDeadlineSeconds" "ttlSecondsAfterFinished" "restartPolicy" "podFailurePolicy" "terminationGracePeriodSeconds" "resources" "nodeSelector" "tolerations" "affinity" "priorityClassName" "podAnnotations" "podLabels" "extraVolumes" "extraVolumeMounts" "runner" "image" "initContainers" "extraContainers" | toJson }}
 {{- end }}
 
 {{/*
@@ -394,8 +402,39 @@ Call with (dict "root" $ "task" $task).
 {{- if and $hasTask $hasCommand }}
 {{- fail (printf "task %q: set either task (a registered task name) or command (a list), not both" $name) }}
 {{- end }}
+{{- $inject := include "cron-runner.inject" $job }}
+{{- if not (has $inject (list "none" "initContainer")) }}
+{{- fail (printf "task %q: runner.inject %q is not valid: expected none (the runner image runs the task) or initContainer (the runner is copied into the task's own image)" $name $inject) }}
+{{- end }}
+{{- $image := default dict $job.image }}
+{{- if not (kindIs "map" $image) }}
+{{- fail (printf "task %q: image must be a map: {repository: php, tag: 8.3-cli}" $name) }}
+{{- end }}
+{{- if and (or $image.tag $image.digest $image.entrypoint $image.cmd) (not $image.repository) }}
+{{- fail (printf "task %q: image.repository is required when image is set" $name) }}
+{{- end }}
+{{- range $key := list "entrypoint" "cmd" }}
+{{- if and (index $image $key) (not (kindIs "slice" (index $image $key))) }}
+{{- fail (printf "task %q: image.%s must be a list, e.g. [docker-php-entrypoint]" $name $key) }}
+{{- end }}
+{{- end }}
+{{- if eq $inject "initContainer" }}
+{{- if $hasTask }}
+{{- fail (printf "task %q: runner.inject initContainer runs a command in the task's own image; a registered Python task (task) needs the runner image: set command, or runner.inject: none" $name) }}
+{{- end }}
+{{- if not $image.repository }}
+{{- fail (printf "task %q: runner.inject initContainer needs the task's own image: set image.repository (and image.tag)" $name) }}
+{{- end }}
+{{- if not (include "cron-runner.taskCommand" (dict "task" $task "image" $image) | fromJsonArray) }}
+{{- fail (printf "task %q: nothing to run: set command, or the image's own image.entrypoint and image.cmd (Kubernetes cannot read them from the image)" $name) }}
+{{- end }}
+{{- else }}
 {{- if not (or $hasTask $hasCommand) }}
 {{- fail (printf "task %q: set task (a registered task name) or command (a list)" $name) }}
+{{- end }}
+{{- if or $image.entrypoint $image.cmd }}
+{{- fail (printf "task %q: image.entrypoint and image.cmd are for runner.inject initContainer; without it, the runner image runs command" $name) }}
+{{- end }}
 {{- end }}
 {{- if and $hasTask $task.args }}
 {{- fail (printf "task %q: args go with command only; `cron-runner run` takes no arguments for a registered task (pass settings through env)" $name) }}
