@@ -731,6 +731,8 @@ class Execution:
         if self.settings.slots.schedule:
             state["schedule"] = self.settings.slots.schedule
             state["timezone"] = self.settings.slots.timezone
+        if self.settings.run.max_runtime_s:
+            state["max_runtime_ms"] = int(self.settings.run.max_runtime_s * 1000)
         # An enqueue is not the task's success: the worker records that when the job runs.
         prefix = {RAN: "last_success", ENQUEUED: "last_enqueued"}.get(outcome, "last_failure")
         state[f"{prefix}_at"] = now

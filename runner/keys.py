@@ -71,11 +71,17 @@ class TaskKeys:
     def state(self) -> str:
         return f"{self.base}:state"
 
+    @property
+    def missed(self) -> str:
+        """The missed-slot ledger: a sorted set of fire times that passed with no run."""
+        return f"{self.base}:missed"
+
     def slot(self, slot_epoch_s: int) -> str:
         return f"{self.base}:slot:{slot_epoch_s}"
 
     def all_keys(self, slot_epoch_s: int = 0) -> list[str]:
-        return [self.lease, self.fence, self.meta, self.runs, self.state, self.slot(slot_epoch_s)]
+        return [self.lease, self.fence, self.meta, self.runs, self.state, self.missed,
+                self.slot(slot_epoch_s)]
 
 
 #: `cron-runner check` runs the lease scripts on a task named like this: the leading '_' is

@@ -282,9 +282,12 @@ def new_token(holder_id: str, slot: int | None = None) -> str:
     plus the slot it runs, so that a runner of the same slot can tell it waits for its own.
 
     The slot follows a '/', never a ':': b170e33 reads the holder as everything before the last
-    ':' (holder_of, and the unlock script), so its runners still name the holder right.
+    ':' (holder_of, and the unlock script), so its runners still name the holder right. The part
+    after that colon also starts with when the run took the lease (milliseconds, in hex, before
+    a dot), so `status`, `serve` and the watchdog can tell how long it has run without a write
+    of its own; a token without the dot (b170e33's) has no start time.
     """
-    token = f"{holder_id}:{secrets.token_hex(8)}"
+    token = f"{holder_id}:{int(clock.wall() * 1000):x}.{secrets.token_hex(8)}"
     return token if slot is None else f"{token}/{slot}"
 
 
@@ -297,6 +300,17 @@ def slot_of(token: str) -> int | None:
     _, sep, tail = token.rpartition(":")
     _, slash, slot = tail.partition("/")
     return int(slot) if sep and slash and slot.isascii() and slot.isdigit() else None
+
+
+def started_at_of(token: str) -> float | None:
+    """When the lease of ``token`` was taken (epoch seconds), or None for an older token."""
+    stamp, dot, _ = token.rpartition(":")[2].partition(".")
+    if not dot:
+        return None
+    try:
+        return int(stamp, 16) / 1000
+    except ValueError:
+        return None
 
 
 def unlock(

@@ -130,6 +130,10 @@ class RunSettings(NamedTuple):
     task_modules: tuple[str, ...] = ()
     # The task's environment keeps the runner's Redis credentials (off: see task_environment).
     share_credentials: bool = False
+    # Stored with each run: status, the watchdog and serve report a run holding its lease longer.
+    max_runtime_s: float | None = None
+    # Healthchecks.io-style ping URL (runner/ping.py); None: no pings, nothing imported.
+    ping_url: str | None = None
 
 
 class LogSettings(NamedTuple):
@@ -605,6 +609,19 @@ def _telemetry(src: _Source) -> TelemetrySettings:
     )
 
 
+def _ping_url(src: _Source) -> str | None:
+    value, origin = src.get("PING_URL")
+    if value is None:
+        return None
+    parts = urlsplit(value)
+    if parts.scheme not in ("http", "https") or not parts.netloc:
+        raise ConfigError(
+            f"{origin}={redact_url(value)!r} is not valid: expected an http:// or https:// URL, "
+            "e.g. https://hc-ping.com/UUID"
+        )
+    return value.rstrip("/")
+
+
 def load_settings(
     env: Mapping[str, str], flags: Mapping[str, str | None] | None = None
 ) -> Settings:
@@ -621,6 +638,10 @@ def load_settings(
             mode=src.choice("MODE", "run", ("run", "enqueue")),
             task_modules=tuple(m.strip() for m in (modules_raw or "").split(",") if m.strip()),
             share_credentials=src.boolean("TASK_SHARES_CREDENTIALS", False),
+            max_runtime_s=src.duration("MAX_RUNTIME", 0.0, minimum_s=1.0)
+            if src.get("MAX_RUNTIME")[0] is not None
+            else None,
+            ping_url=_ping_url(src),
         ),
         log=LogSettings(
             format=src.choice("LOG_FORMAT", log_format_default, ("json", "text")),

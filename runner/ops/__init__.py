@@ -23,6 +23,7 @@ log = logging.getLogger("runner")
 
 DEFAULT_TOLERANCE = "10m"
 MAX_HISTORY = 100_000
+DEFAULT_HEARTBEAT_TTL = "15m"
 TOLERANCE_HELP = (
     "how late a scheduled run may finish before its slot counts as missed "
     f"(default {DEFAULT_TOLERANCE}; set it above your longest run plus the pod's start-up)"
@@ -61,6 +62,43 @@ def _expected(value: str) -> tuple[str, str, str]:
     except ConfigError as exc:
         raise ConfigError(f"--expect {value!r}: {exc}") from exc
     return task, schedule, timezone
+
+
+def _max_runtime(value: str) -> tuple[str, float]:
+    """``TASK=DURATION`` from --max-runtime."""
+    from runner.keys import validate_name  # noqa: PLC0415
+
+    task, sep, duration = value.partition("=")
+    form = "expected TASK=DURATION, e.g. 'report=30m'"
+    if not sep or not task.strip() or not duration.strip():
+        raise argparse.ArgumentTypeError(f"{value!r} is not valid: {form}")
+    try:
+        validate_name("--max-runtime task", task.strip())
+        seconds = parse_duration(duration.strip(), "--max-runtime")
+    except ConfigError as exc:
+        raise argparse.ArgumentTypeError(f"{value!r}: {exc}") from exc
+    if seconds <= 0:
+        raise argparse.ArgumentTypeError(f"{value!r}: the duration must be above 0; {form}")
+    return task.strip(), seconds
+
+
+def parse_slot(value: str) -> int:
+    """A slot as epoch seconds, or as an ISO 8601 time (UTC unless it names an offset)."""
+    from datetime import UTC, datetime  # noqa: PLC0415
+
+    text = value.strip()
+    if text.isascii() and text.isdigit():
+        return int(text)
+    try:
+        when = datetime.fromisoformat(text.replace("Z", "+00:00").replace("z", "+00:00"))
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"SLOT {value!r} is not valid: expected epoch seconds (1767261600) or an ISO 8601 "
+            "time (2026-01-01T10:00:00Z), as `status` and the watchdog list them"
+        ) from None
+    if when.tzinfo is None:
+        when = when.replace(tzinfo=UTC)
+    return int(when.timestamp())
 
 
 def _output_flag(p: argparse.ArgumentParser) -> None:
@@ -163,9 +201,41 @@ def add_commands(sub: Any, add_flags: AddFlags) -> None:
         metavar="TASK",
         help="do not check TASK (e.g. one suspended on purpose); repeat for each",
     )
+    p.add_argument(
+        "--max-runtime",
+        action="append",
+        default=[],
+        type=_max_runtime,
+        metavar="TASK=DURATION",
+        help="report TASK when one run holds its lease longer than DURATION (the run's own "
+        "CRON_RUNNER_MAX_RUNTIME does the same once it has run); repeat for each",
+    )
+    p.add_argument(
+        "--heartbeat-ttl",
+        type=_duration,
+        default=DEFAULT_HEARTBEAT_TTL,
+        help="each run leaves a heartbeat that `status` and `serve` report missing after this "
+        f"long (default {DEFAULT_HEARTBEAT_TTL}: keep it above the watchdog's own interval)",
+    )
     _output_flag(p)
     add_flags(p, ("CONNECT_TIMEOUT",))
     p.set_defaults(handler=cmd_watchdog)
+
+    p = sub.add_parser(
+        "ack",
+        help="acknowledge a missed slot, so it is no longer reported",
+        description="Remove SLOT from TASK's missed-slot ledger, where a slot that passed with no "
+        "run stays (reported by status, the watchdog and serve) until it runs or is "
+        "acknowledged. SLOT is epoch seconds or an ISO 8601 time, as status lists it. Logged, "
+        "and recorded in the task's history. Exit 1 if the slot is not in the ledger. --all "
+        "acknowledges every slot in it (a task stopped on purpose for a while).",
+    )
+    p.add_argument("task", metavar="TASK")
+    p.add_argument("slot", metavar="SLOT", type=parse_slot, nargs="?")
+    p.add_argument("--all", action="store_true", help="every slot in the ledger")
+    p.add_argument("--tolerance", type=_duration, default=DEFAULT_TOLERANCE, help=TOLERANCE_HELP)
+    add_flags(p, ("CONNECT_TIMEOUT",))
+    p.set_defaults(handler=cmd_ack)
 
 
 @contextmanager
@@ -226,7 +296,7 @@ def cmd_status(args: argparse.Namespace, settings: Settings) -> int:
     with _connected(settings, "status") as client:
         reader = Reader(client, lease.prefix, lease.scope)
         names = [args.task] if args.task else reader.tasks()
-        statuses = [reader.status(n, now_s=now_s, tolerance_s=args.tolerance) for n in names]
+        statuses = reader.statuses(names, now_s=now_s, tolerance_s=args.tolerance)
         if not args.task:
             statuses = [s for s in statuses if s.known]
         queues = queue.status_for(client, settings, args.task)
@@ -239,17 +309,24 @@ def cmd_status(args: argparse.Namespace, settings: Settings) -> int:
                 f"is not a registered task; known there: {known} (check the name, "
                 "CRON_RUNNER_SCOPE and CRON_RUNNER_KEY_PREFIX)"
             )
+        heartbeat = reader.heartbeat()
     if args.output == "json":
         tasks = [report.status_json(s) for s in statuses]
         _write(report.dumps({"scope": lease.scope, "now": report.iso(now_s), "tasks": tasks,
-                             "queues": [dataclasses.asdict(q) for q in queues]}))  # fmt: skip
+                             "queues": [dataclasses.asdict(q) for q in queues],
+                             "watchdog": report.heartbeat_json(heartbeat)}))  # fmt: skip
         return 0
     if statuses:
         _write(report.status_table(statuses))
+        for s in statuses:
+            if s.over_max_runtime:
+                _write(f"OVER MAX RUNTIME  {report.over_runtime_text(s)}\n")
     else:
         _write(f"no tasks in scope {lease.scope!r} (key prefix {lease.prefix!r}) have run yet\n")
     if queues:
         _write("\n" + queue.format_status(queues))
+    if not args.task:
+        _write("\n" + report.heartbeat_text(heartbeat, now_s))
     return 0
 
 
@@ -358,7 +435,7 @@ def cmd_forget(args: argparse.Namespace, settings: Settings) -> int:
 def cmd_watchdog(args: argparse.Namespace, settings: Settings) -> int:
     from runner.keys import validate_name  # noqa: PLC0415
     from runner.ops import report  # noqa: PLC0415
-    from runner.ops.state import Reader  # noqa: PLC0415
+    from runner.ops.state import Heartbeat, Reader  # noqa: PLC0415
 
     now_s = clock.wall()
     lease = settings.lease
@@ -367,19 +444,37 @@ def cmd_watchdog(args: argparse.Namespace, settings: Settings) -> int:
         reader = Reader(client, lease.prefix, lease.scope)
         for task, schedule, timezone in args.expect:
             reader.expect(task, schedule, timezone, now_s=now_s)
+        for task, seconds in args.max_runtime:
+            reader.set_max_runtime(task, seconds)
+        ignored = set(args.ignore)
+        names = [n for n in reader.tasks() if n not in ignored]
+        for name in names:
+            reader.scan_ledger(name, now_s=now_s, tolerance_s=args.tolerance)
         statuses = [
-            status
-            for n in reader.tasks()
-            if n not in ignored
-            and (status := reader.status(n, now_s=now_s, tolerance_s=args.tolerance)).known
+            s for s in reader.statuses(names, now_s=now_s, tolerance_s=args.tolerance) if s.known
         ]
-    overdue = [s for s in statuses if s.overdue]
-    unchecked = [s.task for s in statuses if s.overdue is None]
+        overdue = [s for s in statuses if s.overdue]
+        too_long = [s for s in statuses if s.over_max_runtime]
+        unchecked = [s.task for s in statuses if s.overdue is None]
+        reader.beat(
+            Heartbeat(
+                at=now_s,
+                holder=lease.holder,
+                ttl_s=args.heartbeat_ttl,
+                checked=len(statuses) - len(unchecked),
+                overdue=len(overdue),
+            )
+        )
     for s in overdue:
         assert s.missed is not None
         log.error(
             f"overdue: {report.missed_text(s)}",
             extra={"event": "overdue", "task": s.task, "slot": s.missed.slots[0]},
+        )
+    for s in too_long:
+        log.error(
+            f"over max runtime: {report.over_runtime_text(s)}",
+            extra={"event": "over_max_runtime", "task": s.task},
         )
     if args.output == "json":
         _write(
@@ -401,6 +496,15 @@ def cmd_watchdog(args: argparse.Namespace, settings: Settings) -> int:
                         }
                         for s in overdue
                     ],
+                    "over_max_runtime": [
+                        {
+                            "task": s.task,
+                            "holder": s.holder,
+                            "running_since": report.iso(s.running_since),
+                            "max_runtime_s": s.max_runtime_s,
+                        }
+                        for s in too_long
+                    ],
                     "unchecked": unchecked,
                 }
             )
@@ -408,7 +512,11 @@ def cmd_watchdog(args: argparse.Namespace, settings: Settings) -> int:
     else:
         for s in overdue:
             _write(f"OVERDUE  {report.missed_text(s)}\n")
+        for s in too_long:
+            _write(f"OVER MAX RUNTIME  {report.over_runtime_text(s)}\n")
         summary = f"{len(statuses) - len(unchecked)} tasks checked, {len(overdue)} overdue"
+        if too_long:
+            summary += f", {len(too_long)} over their max runtime"
         if unchecked:
             summary += f"; no schedule recorded for: {', '.join(unchecked)}"
         _write(f"{'FAIL' if overdue else 'ok'}  {summary} (scope {lease.scope!r})\n")
@@ -416,4 +524,52 @@ def cmd_watchdog(args: argparse.Namespace, settings: Settings) -> int:
             _write(
                 "(a task removed on purpose stays known until `cron-runner forget TASK --force`)\n"
             )
-    return 1 if overdue else 0
+    return 1 if overdue or too_long else 0
+
+
+def cmd_ack(args: argparse.Namespace, settings: Settings) -> int:
+    from runner.keys import validate_name  # noqa: PLC0415
+    from runner.ops import report  # noqa: PLC0415
+    from runner.ops.state import Reader  # noqa: PLC0415
+
+    validate_name("TASK", args.task)
+    if (args.slot is None) == (not args.all):
+        raise ConfigError("ack: expected either SLOT or --all, e.g. cron-runner ack report "
+                          "2026-01-01T10:00:00Z")  # fmt: skip
+    lease = settings.lease
+    now_s = clock.wall()
+    record = {
+        "outcome": "acknowledged",
+        "holder": lease.holder,
+        "started_at": f"{now_s:.3f}",
+        "duration_ms": "0",
+    }
+    with _connected(settings, "ack") as client:
+        reader = Reader(client, lease.prefix, lease.scope)
+        # Judge what passed since the last watchdog first, so a slot `status` lists is here.
+        reader.scan_ledger(args.task, now_s=now_s, tolerance_s=args.tolerance)
+        if args.all:
+            slots = reader.ledger(args.task)
+            for one in slots:
+                reader.acknowledge(args.task, one, record)
+            _write(f"acknowledged {len(slots)} missed slot(s) of {args.task}\n")
+            if slots:
+                log.warning(
+                    f"acknowledged {len(slots)} missed slot(s) of {args.task}",
+                    extra={"event": "ack", "task": args.task, "holder": lease.holder},
+                )
+            return 0
+        removed = reader.acknowledge(args.task, args.slot, record)
+        left = [] if removed else reader.ledger(args.task)
+    slot = report.iso(args.slot)
+    if removed:
+        log.warning(
+            f"acknowledged {args.task}'s missed slot {slot}",
+            extra={"event": "ack", "task": args.task, "slot": args.slot, "holder": lease.holder},
+        )
+        _write(f"acknowledged: {args.task} slot {slot} ({args.slot}) is no longer reported\n")
+        return 0
+    listed = ", ".join(f"{report.iso(s)} ({s})" for s in left) or "none"
+    _write(f"not acknowledged: slot {slot} ({args.slot}) is not in {args.task}'s missed-slot "
+           f"ledger; its missed slots: {listed}\n")  # fmt: skip
+    return 1

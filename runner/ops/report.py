@@ -11,7 +11,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from runner.ops.state import Missed, Result, RunRecord, TaskStatus
+from runner.ops.state import Heartbeat, Missed, Result, RunRecord, TaskStatus
 
 
 def iso(t_s: float | None) -> str | None:
@@ -97,7 +97,33 @@ def status_json(s: TaskStatus) -> dict[str, Any]:
         "overdue": s.overdue,
         "missed": missed_json(s.missed),
         "schedule_error": s.schedule_error,
+        "running_since": iso(s.running_since),
+        "max_runtime_s": s.max_runtime_s,
+        "over_max_runtime": s.over_max_runtime,
     }
+
+
+def heartbeat_json(h: Heartbeat | None) -> dict[str, Any] | None:
+    if h is None:
+        return None
+    return {"at": iso(h.at), "holder": h.holder, "ttl_s": h.ttl_s, "checked": h.checked,
+            "overdue": h.overdue}  # fmt: skip
+
+
+def heartbeat_text(h: Heartbeat | None, now_s: float) -> str:
+    if h is None:
+        return ("watchdog: MISSING: no heartbeat (no `cron-runner watchdog` has run within its "
+                "--heartbeat-ttl)\n")  # fmt: skip
+    ago = human_duration((now_s - h.at) * 1000)
+    return (f"watchdog: last ran {iso(h.at)} ({ago} ago) by {h.holder}: {h.checked} checked, "
+            f"{h.overdue} overdue\n")  # fmt: skip
+
+
+def over_runtime_text(s: TaskStatus) -> str:
+    assert s.running_since is not None
+    ran = human_duration((s.now_s - s.running_since) * 1000)
+    limit = human_duration((s.max_runtime_s or 0) * 1000)
+    return f"{s.task}: held by {s.holder} since {iso(s.running_since)} ({ran}, max {limit})"
 
 
 def _when(result: Result | None, *, with_outcome: bool = False) -> str:
@@ -119,7 +145,7 @@ def overdue_text(s: TaskStatus) -> str:
     m = s.missed
     if not m.slots:
         return "no (running)" if m.running is not None else "no"
-    count = f"{len(m.slots)}{'+' if m.more else ''}"
+    count = f"{m.total}{'+' if m.more else ''}"
     return f"yes: {count} missed since {iso(m.slots[0])}"
 
 
@@ -196,5 +222,5 @@ def missed_text(s: TaskStatus) -> str:
     last = _when(s.last_success) if s.last_success else "never"
     return printable(
         f"{s.task} ({s.schedule} {s.timezone}): last success {last}; "
-        f"missed {len(m.slots)}{'+' if m.more else ''}: {listed}{more}"
+        f"missed {m.total}{'+' if m.more else ''}: {listed}{more}"
     )

@@ -8,6 +8,8 @@ pod's run stores it too: the chart sets ``CRON_RUNNER_SCHEDULE`` beside the Job 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
+import json
 import re
 from dataclasses import dataclass
 from typing import Any
@@ -17,12 +19,18 @@ from redis.exceptions import NoPermissionError
 from runner import slots
 from runner.errors import ConfigError
 from runner.keys import NAME_RE, TaskKeys, scope_index
-from runner.lease import holder_of
+from runner.lease import holder_of, started_at_of
 
 #: State-hash field: when a watchdog was first told to expect a task that had not run yet.
 EXPECTED_SINCE = "expected_since"
 #: Missed slots listed per task; past this the listing says there are more.
 MISSED_LISTED = 10
+#: State-hash field: the ledger has judged every fire time up to here (epoch seconds).
+LEDGER_UNTIL = "ledger_until"
+#: State-hash field: a run holding the lease longer than this is reported (milliseconds).
+MAX_RUNTIME_MS = "max_runtime_ms"
+#: Fire times one watchdog run judges per task at most; older ones are left to the listing.
+LEDGER_SCAN_LIMIT = 1000
 
 
 @dataclass(frozen=True)
@@ -45,6 +53,12 @@ class Missed:
     more: bool  # more than listed
     # The latest missed slot, not counted because the lease is held: that run may be it.
     running: int | None = None
+    # How many in all (the ledger's and the listing's), when ``more`` cuts the listing.
+    count: int | None = None
+
+    @property
+    def total(self) -> int:
+        return len(self.slots) if self.count is None else self.count
 
 
 @dataclass(frozen=True)
@@ -64,6 +78,9 @@ class TaskStatus:
     next_slot: int | None
     missed: Missed | None  # None when no schedule is known: overdue cannot be judged
     schedule_error: str | None = None
+    running_since: float | None = None  # when the lease now held was taken (newer tokens)
+    max_runtime_s: float | None = None
+    now_s: float = 0.0
 
     @property
     def overdue(self) -> bool | None:
@@ -78,6 +95,13 @@ class TaskStatus:
             self.last_run_at is not None or self.last_slot is not None
             or self.last_success is not None or self.last_failure is not None
         )  # fmt: skip
+
+    @property
+    def over_max_runtime(self) -> bool:
+        """The lease is held by a run that started longer than ``max_runtime`` ago."""
+        if self.running_since is None or self.max_runtime_s is None:
+            return False
+        return self.now_s - self.running_since > self.max_runtime_s
 
 
 @dataclass(frozen=True)
@@ -166,6 +190,59 @@ def plausible_slot(schedule: slots.Schedule, slot: int, at_s: float) -> int:
     return schedule.previous_at_or_before(at_s)
 
 
+def covered_until(
+    schedule: slots.Schedule,
+    last_success: Result | None,
+    state: dict[str, str],
+    oldest: list[Any],
+) -> float | None:
+    """Up to when the schedule is known to be served: the last successful slot; for a task
+    that never succeeded, just before the first slot it tried (its oldest record); for one
+    that never ran at all, the time a watchdog was first told to expect it."""
+    if last_success is not None:
+        if last_success.slot is None:
+            return last_success.at
+        return float(plausible_slot(schedule, last_success.slot, last_success.at))
+    if not oldest:
+        return _float(state.get(EXPECTED_SINCE))
+    first = record_of(*oldest[0])
+    if first.started_at is None:
+        return None if first.slot is None else float(first.slot - 1)
+    slot = schedule.previous_at_or_before(first.started_at)
+    if first.slot is not None:
+        slot = plausible_slot(schedule, first.slot, first.started_at)
+    return float(slot - 1)
+
+
+def _merge(ledger: tuple[int, ...], tail: Missed) -> Missed:
+    """The ledger's slots and the listing's, oldest first, listed up to MISSED_LISTED."""
+    every = sorted(set(ledger) | set(tail.slots))
+    count = len(every) + (1 if tail.more else 0)
+    return Missed(
+        due_slot=tail.due_slot,
+        slots=tuple(every[:MISSED_LISTED]),
+        more=tail.more or len(every) > MISSED_LISTED,
+        running=tail.running,
+        count=count if tail.more or len(every) > MISSED_LISTED else None,
+    )
+
+
+def heartbeat_of(raw: str | None) -> Heartbeat | None:
+    if raw is None:
+        return None
+    try:
+        doc = json.loads(raw)
+        return Heartbeat(
+            at=float(doc["at"]),
+            holder=str(doc["holder"]),
+            ttl_s=float(doc["ttl_s"]),
+            checked=int(doc["checked"]),
+            overdue=int(doc["overdue"]),
+        )
+    except (ValueError, KeyError, TypeError):
+        return None
+
+
 def record_of(entry_id: str, fields: dict[str, str]) -> RunRecord:
     return RunRecord(
         id=entry_id,
@@ -179,6 +256,23 @@ def record_of(entry_id: str, fields: dict[str, str]) -> RunRecord:
         error=fields.get("error") or None,
         unlocked=holder_of(fields["unlocked"]) if fields.get("unlocked") else None,
     )
+
+
+@dataclass(frozen=True)
+class Heartbeat:
+    """What the last watchdog run left; gone once its TTL passes without another run."""
+
+    at: float
+    holder: str
+    ttl_s: float
+    checked: int
+    overdue: int
+
+
+def heartbeat_key(prefix: str, scope: str) -> str:
+    # The scope index's hash tag (`{scope:}`, keys.scope_index): the per-scope ACL pattern
+    # covers it, and no task's key can have that name or match the tasks() scan.
+    return f"{prefix}:{{{scope}:}}:watchdog"
 
 
 class Reader:
@@ -226,13 +320,49 @@ class Reader:
         return found
 
     def status(self, task: str, *, now_s: float, tolerance_s: float) -> TaskStatus:
-        keys = self.keys(task)
+        return self.statuses([task], now_s=now_s, tolerance_s=tolerance_s)[0]
+
+    def statuses(self, tasks: list[str], *, now_s: float, tolerance_s: float) -> list[TaskStatus]:
+        """Every task's status in two pipelined round trips, however many tasks there are:
+        `serve` reads a thousand tasks per scrape this way."""
+        per_task = 6
         pipe = self.client.pipeline(transaction=False)
-        pipe.get(keys.lease)
-        pipe.pttl(keys.lease)
-        pipe.get(keys.fence)
-        pipe.hgetall(keys.state)
-        token, pttl_ms, fence, state = pipe.execute()
+        for task in tasks:
+            keys = self.keys(task)
+            pipe.get(keys.lease)
+            pipe.pttl(keys.lease)
+            pipe.get(keys.fence)
+            pipe.hgetall(keys.state)
+            pipe.xrange(keys.runs, count=1)
+            pipe.zrange(keys.missed, 0, -1)
+        replies = pipe.execute() if tasks else []
+        ledgers = [[int(float(m)) for m in replies[i * per_task + 5]] for i in range(len(tasks))]
+        ran = self._ran(tasks, ledgers)
+        out = []
+        for i, task in enumerate(tasks):
+            read = replies[i * per_task : (i + 1) * per_task]
+            unresolved = tuple(slot for slot in ledgers[i] if slot not in ran[i])
+            out.append(self._build(task, read, unresolved, now_s=now_s, tolerance_s=tolerance_s))
+        return out
+
+    def _ran(self, tasks: list[str], ledgers: list[list[int]]) -> list[set[int]]:
+        """For each task, the ledger's slots that have run since (their marker exists)."""
+        if not any(ledgers):
+            return [set() for _ in tasks]
+        pipe = self.client.pipeline(transaction=False)
+        for task, ledger in zip(tasks, ledgers, strict=True):
+            for slot in ledger:
+                pipe.exists(self.keys(task).slot(slot))
+        found = iter(pipe.execute())
+        return [{slot for slot in ledger if next(found)} for ledger in ledgers]
+
+    @staticmethod
+    def _build(
+        task: str, read: list[Any], ledger: tuple[int, ...], *, now_s: float, tolerance_s: float
+    ) -> TaskStatus:
+        """One task's status from its pipelined replies: lease, its PTTL, fence, state hash,
+        oldest run record, ledger."""
+        token, pttl_ms, fence, state, oldest, _ = read
         state = dict(state or {})
         held = token is not None
         schedule_expr = state.get("schedule") or None
@@ -250,20 +380,26 @@ class Reader:
                 if last_slot > schedule.next_after(now_s):
                     last_slot = 0  # implausible: no run can have claimed a slot that far ahead
                 next_slot = schedule.next_after(max(now_s, last_slot))
-                covered = self._covered_until(task, schedule, last_success, state)
+                covered = covered_until(schedule, last_success, state, oldest)
                 if covered is not None:
-                    missed = missed_slots(
+                    # The ledger holds what a watchdog found missed up to LEDGER_UNTIL; the
+                    # fire times after that are judged as before, a success covering the
+                    # earlier ones, until a watchdog looks at each one's slot marker.
+                    judged = _float(state.get(LEDGER_UNTIL))
+                    tail = missed_slots(
                         schedule,
                         now_s=now_s,
                         tolerance_s=tolerance_s,
-                        covered_until_s=covered,
+                        covered_until_s=max(covered, judged or covered),
                         held=held,
                     )
+                    missed = _merge(ledger, tail)
             except ConfigError as exc:
                 schedule_error = str(exc)
+        max_runtime_ms = _int(state.get(MAX_RUNTIME_MS))
         return TaskStatus(
             task=task,
-            holder=holder_of(token) if held else None,
+            holder=holder_of(token) if token is not None else None,
             ttl_ms=int(pttl_ms) if held and int(pttl_ms) >= 0 else None,
             fence=_int(fence) or 0,
             schedule=schedule_expr,
@@ -277,32 +413,88 @@ class Reader:
             next_slot=next_slot,
             missed=missed,
             schedule_error=schedule_error,
+            running_since=started_at_of(token) if token is not None else None,
+            max_runtime_s=max_runtime_ms / 1000 if max_runtime_ms else None,
+            now_s=now_s,
         )
 
-    def _covered_until(
-        self,
-        task: str,
-        schedule: slots.Schedule,
-        last_success: Result | None,
-        state: dict[str, str],
-    ) -> float | None:
-        """Up to when the schedule is known to be served: the last successful slot; for a task
-        that never succeeded, just before the first slot it tried (its oldest record); for one
-        that never ran at all, the time a watchdog was first told to expect it."""
-        if last_success is not None:
-            if last_success.slot is None:
-                return last_success.at
-            return float(plausible_slot(schedule, last_success.slot, last_success.at))
-        oldest = self.client.xrange(self.keys(task).runs, count=1)
-        if not oldest:
-            return _float(state.get(EXPECTED_SINCE))
-        first = record_of(*oldest[0])
-        if first.started_at is None:
-            return None if first.slot is None else float(first.slot - 1)
-        slot = schedule.previous_at_or_before(first.started_at)
-        if first.slot is not None:
-            slot = plausible_slot(schedule, first.slot, first.started_at)
-        return float(slot - 1)
+    # -- the missed-slot ledger (written by the watchdog and `ack`, read by everyone) ------
+
+    def scan_ledger(self, task: str, *, now_s: float, tolerance_s: float) -> list[int]:
+        """Judge the fire times since the last scan by their slot markers, and record those
+        that passed with no run in the ledger, where they stay whatever later slots do, until
+        they run (their marker appears) or are acknowledged. Returns the slots added.
+
+        A slot still within the lease of a run now going (the latest due one) is judged at the
+        next scan. In queue mode a slot's marker means it was enqueued: the ledger judges the
+        enqueue, and the listing after the worker's last success still catches a worker that
+        never ran it.
+        """
+        keys = self.keys(task)
+        pipe = self.client.pipeline(transaction=False)
+        pipe.get(keys.lease)
+        pipe.hgetall(keys.state)
+        pipe.xrange(keys.runs, count=1)
+        pipe.zrange(keys.missed, 0, -1)
+        token, state, oldest, ledger = pipe.execute()
+        state = dict(state or {})
+        if not state.get("schedule"):
+            return []
+        try:
+            schedule = slots.Schedule.parse(state["schedule"], state.get("timezone") or "UTC", 0)
+        except ConfigError:
+            return []
+        start = _float(state.get(LEDGER_UNTIL))
+        if start is None:
+            start = covered_until(schedule, _result(state, "success"), state, oldest)
+        if start is None:
+            return []
+        due = schedule.previous_at_or_before(now_s - tolerance_s)
+        fires: list[int] = []
+        t = start
+        while (fire := schedule.next_after(t)) <= due:
+            fires.append(fire)
+            t = fire
+        fires = fires[-LEDGER_SCAN_LIMIT:]
+        judged_until = max(start, due)
+        if token is not None and fires:
+            judged_until = fires.pop() - 1  # maybe the run holding the lease now
+        resolved = [int(float(m)) for m in ledger]
+        pipe = self.client.pipeline(transaction=False)
+        for slot in (*fires, *resolved):
+            pipe.exists(keys.slot(slot))
+        marks = pipe.execute() if fires or resolved else []
+        new = [slot for slot, mark in zip(fires, marks, strict=False) if not mark]
+        ran = [slot for slot, mark in zip(resolved, marks[len(fires) :], strict=True) if mark]
+        pipe = self.client.pipeline(transaction=False)
+        if new:
+            pipe.zadd(keys.missed, {str(slot): slot for slot in new}, nx=True)
+        if ran:
+            pipe.zrem(keys.missed, *(str(slot) for slot in ran))
+        pipe.hset(keys.state, LEDGER_UNTIL, f"{judged_until:.3f}")
+        pipe.execute()
+        return new
+
+    def beat(self, heartbeat: Heartbeat) -> None:
+        """Leave the watchdog's heartbeat; it expires unless the next run renews it."""
+        key = heartbeat_key(self.prefix, self.scope)
+        value = json.dumps(dataclasses.asdict(heartbeat))
+        self.client.set(key, value, px=max(1, int(heartbeat.ttl_s * 1000)))
+
+    def heartbeat(self) -> Heartbeat | None:
+        raw = self.client.get(heartbeat_key(self.prefix, self.scope))
+        return heartbeat_of(raw)
+
+    def ledger(self, task: str) -> list[int]:
+        return [int(float(m)) for m in self.client.zrange(self.keys(task).missed, 0, -1)]
+
+    def acknowledge(self, task: str, slot: int, record: dict[str, str]) -> bool:
+        """Drop ``slot`` from the ledger and record who acknowledged it; False if absent."""
+        keys = self.keys(task)
+        if not self.client.zrem(keys.missed, str(slot)):
+            return False
+        self.client.xadd(keys.runs, {**record, "slot": str(slot)}, maxlen=1000, approximate=True)
+        return True
 
     def expect(self, task: str, schedule: str, timezone: str, *, now_s: float) -> None:
         """Make a task known before it first runs (``watchdog --expect``), so that a CronJob
@@ -322,11 +514,14 @@ class Reader:
         if isinstance(indexed, Exception) and not isinstance(indexed, NoPermissionError):
             raise indexed
 
+    def set_max_runtime(self, task: str, seconds: float) -> None:
+        self.client.hset(self.keys(task).state, MAX_RUNTIME_MS, str(int(seconds * 1000)))
+
     def forget(self, task: str) -> int:
         """Delete a task's state and history (not its fence, which must never go back, nor its
         slot markers, which expire): it is no longer known to status and the watchdog."""
         keys = self.keys(task)
-        deleted = int(self.client.delete(keys.state, keys.runs))
+        deleted = int(self.client.delete(keys.state, keys.runs, keys.missed))
         # An ACL from before the index lacks +srem, and then +sadd too: nothing to remove.
         with contextlib.suppress(NoPermissionError):
             self.client.srem(keys.index, task)

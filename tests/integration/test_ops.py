@@ -22,7 +22,8 @@ ISO_Z = r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ$"
 
 STATUS_KEYS = {
     "task", "lease", "fencing_token", "schedule", "timezone", "last_slot", "last_run",
-    "last_success", "last_failure", "next_slot", "overdue", "missed", "schedule_error",
+    "last_success", "last_failure", "next_slot", "overdue", "missed", "schedule_error", "running_since", "max_runtime_s",
+    "over_max_runtime",
 }  # fmt: skip
 RESULT_KEYS = {"at", "slot", "duration_ms", "outcome", "exit_code"}
 RUN_KEYS = {
@@ -117,8 +118,10 @@ def test_status_and_history_after_ran_skipped_and_failed(
     assert table.returncode == 0
     lines = table.stdout.splitlines()
     assert lines[0].split()[:3] == ["TASK", "LEASE", "FENCE"]
-    assert [line.split()[0] for line in lines[1:]] == ["billing", "report"]
+    assert [line.split()[0] for line in lines[1:3]] == ["billing", "report"]
     assert "failed exit 3" in lines[1]
+    assert lines[3:] == ["", "watchdog: MISSING: no heartbeat (no `cron-runner watchdog` has run "
+                         "within its --heartbeat-ttl)"]  # fmt: skip
 
 
 def test_history_of_lease_lost_and_terminated_runs(

@@ -52,7 +52,15 @@ def test_a_cronjob_that_stopped_running_is_overdue_with_its_missed_slots(
 
     code, doc, stderr = _watchdog(runner_env(redis_server.url))
     assert code == 1
-    assert set(doc) == {"scope", "now", "tolerance_s", "checked", "overdue", "unchecked"}
+    assert set(doc) == {
+        "scope",
+        "now",
+        "tolerance_s",
+        "checked",
+        "overdue",
+        "over_max_runtime",
+        "unchecked",
+    }
     assert (doc["checked"], doc["unchecked"], doc["tolerance_s"]) == (2, [], 600)
     (overdue,) = doc["overdue"]
     assert set(overdue) == {"task", "schedule", "timezone", "last_success_at", "missed"}
@@ -93,8 +101,14 @@ def test_a_run_made_two_days_ago_under_faketime(redis_server: RedisServer) -> No
     assert len(overdue["missed"]["slots"]) == 10  # listed: the oldest ten of ~47
     assert overdue["missed"]["more"] is True
 
-    # The same task run now, for its current slot, is healthy again.
+    # The same task run now, for its current slot: the slots it missed stay reported (the
+    # ledger) until someone acknowledges them.
     assert run(["exec", "--name", "hourly", "--", "true"], env).returncode == 0
+    code, doc, _ = _watchdog(runner_env(redis_server.url))
+    assert code == 1
+    assert doc["overdue"][0]["missed"]["slots"] == overdue["missed"]["slots"]
+    acked = run(["ack", "hourly", "--all"], runner_env(redis_server.url))
+    assert acked.returncode == 0, acked.stderr
     code, doc, _ = _watchdog(runner_env(redis_server.url))
     assert (code, doc["overdue"]) == (0, [])
 
@@ -114,7 +128,8 @@ def test_healthy_and_unknown_tasks_exit_0(redis_server: RedisServer, r: redis.Re
     code, empty, _ = _watchdog(runner_env(redis_server.url))
     assert code == 0
     assert {k: v for k, v in empty.items() if k != "now"} == {
-        "scope": "default", "tolerance_s": 600, "checked": 0, "overdue": [], "unchecked": []
+        "scope": "default", "tolerance_s": 600, "checked": 0, "overdue": [], "unchecked": [],
+        "over_max_runtime": [],
     }  # fmt: skip
     env = runner_env(redis_server.url, CRON_RUNNER_SCHEDULE="*/5 * * * *")
     assert run(["exec", "--name", "fivemin", "--", "true"], env).returncode == 0
@@ -192,11 +207,14 @@ def test_an_expected_task_is_healthy_once_it_runs_and_unknown_before_any_slot(
     # Expected just now: no slot has passed since, so nothing is overdue.
     code, doc, _ = _watchdog(env, "--expect", "fresh=0 3 * * *")
     assert (code, doc["checked"], doc["overdue"]) == (0, 1, [])
-    # Expected two days ago, then it ran for its latest slot: healthy.
+    # Expected two days ago, then it ran for its latest slot: the slots of those two days stay
+    # missed (the ledger) until acknowledged; then it is healthy.
     assert _faked_watchdog(env, "-2d", "--expect", "late=*/5 * * * *").returncode == 0
     assert _watchdog(env, "--expect", "late=*/5 * * * *")[0] == 1
     ran = {**env, "CRON_RUNNER_SCHEDULE": "*/5 * * * *"}
     assert run(["exec", "--name", "late", "--", "true"], ran).returncode == 0
+    assert _watchdog(env, "--expect", "late=*/5 * * * *")[0] == 1
+    assert run(["ack", "late", "--all"], env).returncode == 0
     assert _watchdog(env, "--expect", "late=*/5 * * * *")[0] == 0
 
 
@@ -220,7 +238,7 @@ def test_forget_drops_a_removed_task_from_the_watchdog(
     fence_before = r.get("cron-runner:{default:removed}:fence")
     forgot = run(["forget", "removed", "--force"], plain)
     assert forgot.returncode == 0, forgot.stderr
-    assert "2 key(s) deleted" in forgot.stdout
+    assert "3 key(s) deleted" in forgot.stdout  # state, history, missed-slot ledger
     assert any(e.get("event") == "forget" for e in events(forgot.stderr))
     assert _watchdog(plain)[0] == 0
     assert r.get("cron-runner:{default:removed}:fence") == fence_before  # never goes back

@@ -1,0 +1,160 @@
+"""The missed-slot ledger, the maximum run time and the watchdog's heartbeat, on state left by
+real runs of the CLI. The watchdog and status run under faketime at chosen instants of one
+day two days back; the runs are CronJob pods whose Job names carry that day's slots."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import time
+from datetime import UTC, datetime
+from typing import Any
+
+import redis
+
+from runner.devserver import RedisServer
+from tests.helpers.proc import CRON_RUNNER, run, runner_env, spawn
+from tests.helpers.wait import wait_for
+
+HOURLY = "0 * * * *"
+
+
+def _day() -> datetime:
+    today = datetime.now(UTC).replace(hour=0, minute=0, second=0, microsecond=0)
+    return today.fromtimestamp(today.timestamp() - 2 * 86_400, UTC)
+
+
+def _at(hour: int, minute: int = 0) -> int:
+    return int(_day().replace(hour=hour, minute=minute).timestamp())
+
+
+def _pod(redis_url: str, task: str, slot_s: int) -> dict[str, str]:
+    cronjob = f"release-{task}"
+    return runner_env(
+        redis_url,
+        CRON_RUNNER_JOB_NAME=f"{cronjob}-{slot_s // 60}",
+        CRON_RUNNER_CRONJOB_NAME=cronjob,
+        CRON_RUNNER_SCHEDULE=HOURLY,
+    )
+
+
+def _faked(at_s: int, args: list[str], env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    stamp = datetime.fromtimestamp(at_s, UTC).strftime("%Y-%m-%d %H:%M:%S")
+    return subprocess.run(
+        ["faketime", "-f", f"@{stamp}", CRON_RUNNER, *args],
+        env={**env, "TZ": "UTC"},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
+def _missed_at(at_s: int, env: dict[str, str]) -> tuple[int, list[int], list[int]]:
+    """(watchdog's exit code, the slots it lists as missed, the slots status lists)."""
+    dog = _faked(at_s, ["watchdog", "-o", "json"], env)
+    doc = json.loads(dog.stdout)
+    listed = doc["overdue"][0]["missed"]["slots"] if doc["overdue"] else []
+    status = json.loads(_faked(at_s, ["status", "hourly", "-o", "json"], env).stdout)
+    missed = status["tasks"][0]["missed"]
+    return dog.returncode, listed, missed["slots"] if missed else []
+
+
+def test_a_missed_slot_stays_reported_after_a_later_success_until_acknowledged(
+    redis_server: RedisServer,
+) -> None:
+    url, plain = redis_server.url, runner_env(redis_server.url)
+    assert (
+        run(["exec", "--name", "hourly", "--", "true"], _pod(url, "hourly", _at(10))).returncode
+        == 0
+    )
+    # 11:00 never ran; at 11:20 the watchdog finds it.
+    assert _missed_at(_at(11, 20), plain) == (1, [_at(11)], [_at(11)])
+    # 12:00 succeeds. The old rule (a success covers every earlier slot) forgot 11:00 here.
+    assert (
+        run(["exec", "--name", "hourly", "--", "true"], _pod(url, "hourly", _at(12))).returncode
+        == 0
+    )
+    assert _missed_at(_at(12, 20), plain) == (1, [_at(11)], [_at(11)])
+    assert _missed_at(_at(13, 5), plain) == (1, [_at(11)], [_at(11)])
+
+    # Acknowledging another slot is refused, naming the one in the ledger.
+    wrong = _faked(_at(13, 5), ["ack", "hourly", str(_at(9))], plain)
+    assert wrong.returncode == 1
+    assert str(_at(11)) in wrong.stdout
+    stamp = datetime.fromtimestamp(_at(11), UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    acked = _faked(_at(13, 5), ["ack", "hourly", stamp], plain)
+    assert acked.returncode == 0, acked.stderr
+    assert _missed_at(_at(13, 5), plain) == (0, [], [])
+    history = json.loads(run(["history", "hourly", "-o", "json"], plain).stdout)["runs"]
+    assert (history[0]["outcome"], history[0]["slot"]) == ("acknowledged", _at(11))
+
+
+def test_a_missed_slot_that_runs_later_is_no_longer_reported(redis_server: RedisServer) -> None:
+    url, plain = redis_server.url, runner_env(redis_server.url)
+    assert (
+        run(["exec", "--name", "hourly", "--", "true"], _pod(url, "hourly", _at(10))).returncode
+        == 0
+    )
+    assert _missed_at(_at(11, 20), plain)[0] == 1
+    assert (
+        run(["exec", "--name", "hourly", "--", "true"], _pod(url, "hourly", _at(12))).returncode
+        == 0
+    )
+    # A backfill runs the 11:00 slot (its Job name carries it): the ledger lets it go.
+    assert (
+        run(["exec", "--name", "hourly", "--", "true"], _pod(url, "hourly", _at(11))).returncode
+        == 0
+    )
+    assert _missed_at(_at(12, 20), plain) == (0, [], [])
+
+
+def test_ack_needs_a_slot_or_all_and_a_readable_slot(redis_server: RedisServer) -> None:
+    from runner.errors import ConfigError  # noqa: PLC0415
+
+    plain = runner_env(redis_server.url)
+    for args, named in ((["ack", "hourly"], "--all"), (["ack", "hourly", "noon"], "SLOT")):
+        res = run(args, plain)
+        assert res.returncode == ConfigError.exit_code, res.stderr
+        assert named in res.stderr
+        assert "Traceback" not in res.stderr
+
+
+def test_a_run_over_its_max_runtime_is_reported(redis_server: RedisServer) -> None:
+    plain = runner_env(redis_server.url)
+    env = runner_env(redis_server.url, CRON_RUNNER_MAX_RUNTIME="1s")
+    # The run stores its max runtime; the next one is judged by it while it runs.
+    assert run(["exec", "--name", "slow", "--", "true"], env).returncode == 0
+    proc = spawn(["exec", "--name", "slow", "--", "sleep", "30"], env)
+    try:
+        client = redis_server.client()
+        wait_for(lambda: client.exists("cron-runner:{default:slow}:lease"), timeout_s=10)
+        quick = json.loads(run(["status", "slow", "-o", "json"], plain).stdout)["tasks"][0]
+        assert quick["running_since"] is not None
+        time.sleep(1.5)
+        dog = run(["watchdog", "-o", "json"], plain)
+        assert dog.returncode == 1, dog.stdout
+        (late,) = json.loads(dog.stdout)["over_max_runtime"]
+        assert (late["task"], late["max_runtime_s"]) == ("slow", 1.0)
+        text = run(["status"], plain).stdout
+        assert "OVER MAX RUNTIME  slow: held by" in text
+        # A task that has not stored one is given it by the watchdog (the chart passes it).
+        assert json.loads(run(["watchdog", "-o", "json", "--max-runtime", "slow=1h"], plain)
+                          .stdout)["over_max_runtime"] == []  # fmt: skip
+    finally:
+        proc.terminate()
+        proc.communicate(timeout=30)
+
+
+def test_the_watchdog_heartbeat_expires(redis_server: RedisServer, r: redis.Redis) -> None:
+    plain = runner_env(redis_server.url)
+
+    def heartbeat() -> Any:
+        return json.loads(run(["status", "-o", "json"], plain).stdout)["watchdog"]
+
+    assert heartbeat() is None
+    assert run(["watchdog", "--heartbeat-ttl", "2s"], plain).returncode == 0
+    beat = heartbeat()
+    assert (beat["ttl_s"], beat["checked"], beat["overdue"]) == (2.0, 0, 0)
+    assert "watchdog: last ran" in run(["status"], plain).stdout
+    wait_for(lambda: heartbeat() is None, timeout_s=10)
+    assert "watchdog: MISSING" in run(["status"], plain).stdout
