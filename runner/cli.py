@@ -201,6 +201,10 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     )
     _add_setting_flags(p, ("LOG_FORMAT", "LOG_LEVEL"))
     p.set_defaults(handler=cmd_import)
+
+    from runner import serve  # noqa: PLC0415 - the HTTP server and its libraries only in serve
+
+    serve.add_commands(sub, lambda p, names: _add_setting_flags(p, (*names, *COMMON_FLAGS)))
     return parser
 
 

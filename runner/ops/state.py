@@ -310,7 +310,11 @@ class Reader:
     def _scanned(self) -> set[str]:
         # Prefix and scope are validated (keys.py): no glob character can appear in them.
         base = f"{self.prefix}:{{{self.scope}:"
-        pattern = re.compile(re.escape(base) + r"(?P<task>[^{}:]+)\}:(?:state|lease)\Z")
+        # Only names a run could have written (keys.py): a key planted under any other name is
+        # not a task, and must not reach a page or a label.
+        pattern = re.compile(
+            re.escape(base) + r"(?P<task>[A-Za-z0-9][A-Za-z0-9_.-]{0,62})\}:(?:state|lease)\Z"
+        )
         found: set[str] = set()
         for suffix in ("state", "lease"):
             for key in self.client.scan_iter(match=f"{base}*}}:{suffix}", count=1000):

@@ -1,0 +1,154 @@
+"""One Redis per module with tasks in every state, each made by real runs of the CLI, and a
+real `cron-runner serve` process on a free port."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from runner.devserver import RedisServer
+from runner.slots import Schedule
+from tests.helpers.proc import events, run, runner_env, spawn
+from tests.helpers.wait import wait_for
+from tests.queue.helpers import TASK_MODULES, WorkerProc, queue_env
+
+HOSTILE_HOLDER = "<b>pod</b><script>alert(1)</script>"
+DAY_S = 86_400
+
+
+@dataclass
+class World:
+    server: RedisServer
+    env: dict[str, str]
+    running: subprocess.Popen[str]
+
+
+def _pod(url: str, task: str, schedule: str, slot_s: int, **extra: str) -> dict[str, str]:
+    cronjob = f"release-{task}"
+    return runner_env(
+        url,
+        CRON_RUNNER_JOB_NAME=f"{cronjob}-{slot_s // 60}",
+        CRON_RUNNER_CRONJOB_NAME=cronjob,
+        CRON_RUNNER_SCHEDULE=schedule,
+        **extra,
+    )
+
+
+def _ok(res: subprocess.CompletedProcess[str], code: int = 0) -> None:
+    assert res.returncode == code, res.stderr
+
+
+def build_world(server: RedisServer) -> World:
+    """ok, failing (twice in a row), lease lost, terminated, overdue (ledger), running past its
+    max runtime, a Berlin task, a hostile holder, and queue mode: an enqueue a worker ran, and
+    one waiting on a queue no worker reads."""
+    url = server.url
+    env = runner_env(url)
+    five = runner_env(url, CRON_RUNNER_SCHEDULE="*/5 * * * *")
+    _ok(run(["exec", "--name", "healthy", "--", "true"], five))
+    _ok(run(["exec", "--name", "healthy", "--holder", "pod-b", "--", "true"], five))  # a skip
+    for _ in range(2):
+        _ok(run(["exec", "--name", "failing", "--", "false"], runner_env(
+            url, CRON_RUNNER_SCHEDULE="* * * * *")), 1)  # fmt: skip
+    berlin = runner_env(url, CRON_RUNNER_SCHEDULE="0 6 * * *", CRON_RUNNER_TIMEZONE="Europe/Berlin")
+    _ok(run(["exec", "--name", "berlin", "--", "true"], berlin))
+    _ok(run(["exec", "--name", "hostile", "--holder", HOSTILE_HOLDER, "--", "sh", "-c",
+             "echo '<img src=x onerror=alert(1)>' >&2; exit 3"], five), 3)  # fmt: skip
+
+    # Lease lost: an admin unlocks a running task; terminated: SIGTERM mid-run.
+    client = server.client()
+    for task in ("lost", "stopped"):
+        proc = spawn(["exec", "--name", task, "--", "sleep", "30"], five)
+        lease = f"cron-runner:{{default:{task}}}:lease"
+        wait_for(lambda lease=lease: client.exists(lease), 10)  # type: ignore[misc]
+        if task == "lost":
+            _ok(run(["unlock", "lost", "--force"], env))
+        else:
+            proc.send_signal(signal.SIGTERM)
+        proc.communicate(timeout=60)
+
+    # Overdue: a nightly task whose last run was two days ago, its misses in the ledger.
+    nightly = Schedule.parse("0 3 * * *", "UTC", 0).previous_at_or_before(time.time() - 2 * DAY_S)
+    _ok(
+        run(["exec", "--name", "nightly", "--", "true"], _pod(url, "nightly", "0 3 * * *", nightly))
+    )
+    _ok(run(["watchdog"], env), 1)
+
+    # Running past its max runtime: the first run stores it, the second one holds the lease.
+    slow = runner_env(url, CRON_RUNNER_SCHEDULE="*/5 * * * *", CRON_RUNNER_MAX_RUNTIME="1s")
+    _ok(run(["exec", "--name", "slow", "--", "true"], slow))
+    # A manual run (no schedule: no slot), since the scheduled one already ran this slot.
+    running = spawn(["exec", "--name", "slow", "--holder", "pod-slow", "--", "sleep", "120"], env)
+    wait_for(lambda: client.exists("cron-runner:{default:slow}:lease"), 10)
+
+    # Queue mode: q-ok enqueued by its CronJob and run by a worker; q-billed waits on billing.
+    qenv = queue_env(server, CRON_RUNNER_SCHEDULE="*/5 * * * *", CRON_RUNNER_MODE="enqueue")
+    _ok(run(["run", "q-ok"], qenv))
+    _ok(run(["run", "q-billed"], qenv))
+    worker = WorkerProc(queue_env(server), "--queues", "q-ok", "--processes", "1")
+    try:
+        wait_for(lambda: client.hget("cron-runner:{default:q-ok}:state", "last_success_at"), 60)
+    finally:
+        worker.terminate()
+        worker.wait()
+        worker.stop()
+    time.sleep(1.2)  # the slow run is now over its max runtime
+    return World(server, {**env, "CRON_RUNNER_TASK_MODULES": TASK_MODULES}, running)
+
+
+@pytest.fixture(scope="module")
+def world() -> Iterator[World]:
+    with RedisServer() as server:
+        built = build_world(server)
+        try:
+            yield built
+        finally:
+            built.running.terminate()
+            built.running.communicate(timeout=60)
+
+
+@dataclass
+class Served:
+    base: str
+    proc: subprocess.Popen[str]
+    log: Path
+
+    def get(self, path: str) -> tuple[int, str]:
+        try:
+            with urllib.request.urlopen(self.base + path, timeout=30) as resp:
+                return resp.status, resp.read().decode()
+        except urllib.error.HTTPError as exc:
+            return exc.code, exc.read().decode()
+
+
+@contextmanager
+def serving(env: dict[str, str], log: Path, *args: str) -> Iterator[Served]:
+    with log.open("w") as out:
+        proc = subprocess.Popen(
+            [*spawn_args(), "serve", "--host", "127.0.0.1", "--port", "0", *args],
+            env=env, stdout=subprocess.DEVNULL, stderr=out, text=True,
+        )  # fmt: skip
+    try:
+        wait_for(lambda: [e for e in events(log.read_text()) if e.get("event") == "serving"]
+                 or proc.poll() is not None, 20)  # fmt: skip
+        serving_ = [e for e in events(log.read_text()) if e.get("event") == "serving"]
+        assert serving_, log.read_text()
+        yield Served(f"http://127.0.0.1:{serving_[0]['port']}", proc, log)
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+
+
+def spawn_args() -> list[str]:
+    from tests.helpers.proc import CRON_RUNNER  # noqa: PLC0415
+
+    return [CRON_RUNNER]
