@@ -65,7 +65,7 @@ def states(s: TaskStatus) -> list[tuple[str, str]]:
     """What a person reads first: (css class, label)."""
     out: list[tuple[str, str]] = []
     if s.holder is not None:
-        out.append(("running", "running"))
+        out.append(("running", f"running on {s.holder}"))
     if s.over_max_runtime:
         out.append(("over-max-runtime", "over max runtime"))
     if s.overdue:

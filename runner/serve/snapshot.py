@@ -200,7 +200,8 @@ def strip_of(runs: TaskRuns | None, status: TaskStatus, limit: int = 20) -> list
     for r in runs.recent if runs else ():
         if r.unlocked or r.outcome == "acknowledged":
             continue
-        when = r.started_at or 0.0
+        # By slot, so a backfill or a late run sits where its slot does among the missed ones.
+        when = float(r.slot) if r.slot is not None else (r.started_at or 0.0)
         items.append((when, _kind(r.outcome), _title(r)))
     if status.missed:
         items += [
