@@ -45,11 +45,11 @@ def populate(client: Any, tasks: int, runs: int) -> None:
             lease = Lease(client, keys, new_token(f"pod-{i}-{n}"), ttl_ms=30_000)
             client.set(keys.lease, lease.token, px=30_000)
             failed = i % 5 == 0 and n == runs - 1
-            record = {"slot": slot, "holder": lease.holder, "fence": n + 1,
+            record: dict[str, str | int | float] = {"slot": slot, "holder": lease.holder, "fence": n + 1,
                       "outcome": "failed" if failed else "ran", "exit_code": 1 if failed else 0,
                       "started_at": f"{slot + 1:.3f}", "duration_ms": 1000 + n}  # fmt: skip
             kind = "failure" if failed else "success"
-            state = {"last_run_at": f"{slot + 2:.3f}", "last_outcome": record["outcome"],
+            state: dict[str, str | int | float] = {"last_run_at": f"{slot + 2:.3f}", "last_outcome": record["outcome"],
                      "last_holder": lease.holder, "last_slot": slot, "schedule": "*/5 * * * *",
                      "timezone": "Europe/Berlin" if i % 2 else "UTC", f"last_{kind}_at":
                      f"{slot + 2:.3f}", f"last_{kind}_duration_ms": 1000 + n,
