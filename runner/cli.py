@@ -295,6 +295,16 @@ def _execute(settings: Settings, task_name: str, target: Target, what: str) -> i
 
 
 def run_observer(settings: Settings, task_name: str) -> RunObserver:
+    """Telemetry and pings, each only when configured."""
+    observer = _telemetry_observer(settings, task_name)
+    if settings.run.ping_url is None:
+        return observer
+    from runner.execution import Observers, PingHook  # noqa: PLC0415
+
+    return Observers(observer, PingHook(settings.run.ping_url, settings.run.ping_timeout_s))
+
+
+def _telemetry_observer(settings: Settings, task_name: str) -> RunObserver:
     """Telemetry when an OTLP endpoint is set; otherwise nothing of OpenTelemetry is imported."""
     from runner.execution import NullObserver  # noqa: PLC0415
 

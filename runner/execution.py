@@ -10,7 +10,8 @@ import logging
 import os
 import signal
 import time
-from contextlib import AbstractContextManager, nullcontext
+from collections.abc import Iterator
+from contextlib import AbstractContextManager, ExitStack, contextmanager, nullcontext
 from types import FrameType
 from typing import Any, NamedTuple, NoReturn, Protocol
 
@@ -147,6 +148,69 @@ class NullObserver:
 
     def close(self) -> None:
         pass
+
+
+class Observers:
+    """Tells every observer the same things (telemetry and pings together)."""
+
+    def __init__(self, *observers: RunObserver) -> None:
+        self.observers = observers
+
+    def started(self, slot: int | None) -> None:
+        for o in self.observers:
+            o.started(slot)
+
+    @contextmanager
+    def phase(self, name: str) -> Iterator[None]:
+        with ExitStack() as stack:
+            for o in self.observers:
+                stack.enter_context(o.phase(name))
+            yield
+
+    def acquired(self, fence: int) -> None:
+        for o in self.observers:
+            o.acquired(fence)
+
+    def finished(
+        self, outcome: str, exit_code: int, *, renewals: int, failed_renewals: int
+    ) -> None:
+        for o in self.observers:
+            o.finished(outcome, exit_code, renewals=renewals, failed_renewals=failed_renewals)
+
+    def close(self) -> None:
+        for o in self.observers:
+            o.close()
+
+
+class PingHook(NullObserver):
+    """CRON_RUNNER_PING_URL: runner.ping is imported once the run takes its lease (or ends
+    without one, Redis unreachable), never for a replica that skips."""
+
+    def __init__(self, url: str, timeout_s: float) -> None:
+        self.url = url
+        self.timeout_s = timeout_s
+        self.pinger: Any = None
+
+    def _pinger(self) -> Any:
+        if self.pinger is None:
+            from runner.ping import Pinger  # noqa: PLC0415 - only when a run pings
+
+            self.pinger = Pinger(self.url, self.timeout_s)
+        return self.pinger
+
+    def acquired(self, fence: int) -> None:
+        self._pinger().start()
+
+    def finished(
+        self, outcome: str, exit_code: int, *, renewals: int, failed_renewals: int
+    ) -> None:
+        if outcome in (SKIPPED_HELD, SKIPPED_DONE):
+            return
+        self._pinger().finish(exit_code)
+
+    def close(self) -> None:
+        if self.pinger is not None:
+            self.pinger.close()
 
 
 def resolve_slot(settings: Settings, now_s: float) -> int | None:

@@ -134,6 +134,7 @@ class RunSettings(NamedTuple):
     max_runtime_s: float | None = None
     # Healthchecks.io-style ping URL (runner/ping.py); None: no pings, nothing imported.
     ping_url: str | None = None
+    ping_timeout_s: float = 3.0
 
 
 class LogSettings(NamedTuple):
@@ -622,6 +623,17 @@ def _ping_url(src: _Source) -> str | None:
     return value.rstrip("/")
 
 
+def _ping_timeout(src: _Source) -> float:
+    seconds = src.duration("PING_TIMEOUT", DEFAULTS.run.ping_timeout_s, minimum_s=0.1)
+    if seconds > 60:
+        _, origin = src.get("PING_TIMEOUT")
+        raise ConfigError(
+            f"{origin}: {seconds:g}s is too long: a ping may delay a run's end by this much; "
+            "expected at most 60s"
+        )
+    return seconds
+
+
 def load_settings(
     env: Mapping[str, str], flags: Mapping[str, str | None] | None = None
 ) -> Settings:
@@ -642,6 +654,7 @@ def load_settings(
             if src.get("MAX_RUNTIME")[0] is not None
             else None,
             ping_url=_ping_url(src),
+            ping_timeout_s=_ping_timeout(src),
         ),
         log=LogSettings(
             format=src.choice("LOG_FORMAT", log_format_default, ("json", "text")),
