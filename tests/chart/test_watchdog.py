@@ -82,7 +82,7 @@ def test_job_semantics_and_arguments(chart: Chart) -> None:
     schedule = values["tasks"][task]["schedule"]
     timezone = values["tasks"][task].get("timeZone", "UTC")
     assert c["args"] == [
-        "watchdog", "--tolerance", "30m",
+        "watchdog", "--tolerance", "30m", "--heartbeat-ttl", "15m",
         "--expect", f"{task}={schedule};{timezone}",
         "--output", "json",
     ]  # fmt: skip
@@ -161,7 +161,7 @@ def test_every_task_is_expected_and_a_suspended_one_ignored(chart: Chart) -> Non
     }
     args = container(render(chart, values).one("CronJob", WATCHDOG))["args"]
     assert args == [
-        "watchdog", "--tolerance", "10m",
+        "watchdog", "--tolerance", "10m", "--heartbeat-ttl", "15m",
         "--expect", "cleanup=*/15 * * * *;UTC",
         "--ignore", "paused",
         "--expect", "report=0 2 * * *;Europe/Berlin",

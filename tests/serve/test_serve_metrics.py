@@ -4,6 +4,7 @@ real runs; the routes' status codes; serve with Redis down; serve stays off the 
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -140,3 +141,31 @@ def test_run_and_exec_import_nothing_of_serve() -> None:
         cwd=ROOT, check=True,
     )  # fmt: skip
     assert json.loads(out.stdout) == []
+
+
+def _metric_names(expr: str) -> set[str]:
+    return set(re.findall(r"\bcron_runner_[a-z0-9_]+", expr))
+
+
+def test_dashboard_and_alerts_name_only_metrics_serve_exposes(world: World, tmp_path: Path) -> None:
+    from helm_python.chart import Chart  # noqa: PLC0415
+
+    from tests.chart.helpers import CHART_DIR, render  # noqa: PLC0415
+    from tests.chart.test_serve import everything  # noqa: PLC0415
+
+    with serving(world.env, tmp_path / "serve.log") as served:
+        _, text = served.get("/metrics")
+    exposed = {s.name for f in text_string_to_metric_families(text) for s in f.samples}
+    with Chart.load(CHART_DIR) as chart:
+        rendered = render(chart, everything())
+    board = json.loads(
+        rendered.one("ConfigMap", "cron-runner-serve-dashboard")["data"]["cron-runner.json"]
+    )
+    queries = [t["expr"] for p in board["panels"] for t in p["targets"]]
+    queries.append(board["templating"]["list"][1]["query"]["query"])
+    rules = [r["expr"] for g in rendered.one("PrometheusRule", "cron-runner-serve")["spec"]["groups"]
+             for r in g["rules"]]  # fmt: skip
+    for where, exprs in (("dashboard", queries), ("alerts", rules)):
+        named = set().union(*(_metric_names(e) for e in exprs))
+        assert named, where
+        assert named <= exposed, f"{where} names metrics serve does not expose: {named - exposed}"

@@ -42,7 +42,7 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 
 {{/* Components the chart itself uses; no task may take these names. */}}
 {{- define "cron-runner.reservedComponents" -}}
-{{- list "bundled-redis" "connection-test" "watchdog" "worker" | toJson }}
+{{- list "bundled-redis" "connection-test" "serve" "watchdog" "worker" | toJson }}
 {{- end }}
 
 {{/*
@@ -596,6 +596,71 @@ checks the two agree. Numbers beyond 999 (a step beyond 19 digits) are treated a
 {{- end }}
 {{- end }}
 {{- if $errors }}{{ first $errors }}{{ end }}
+
+{{/*
+The alert rules of the PrometheusRule, as YAML groups: every expression names only metrics
+`cron-runner serve` exposes (tests/chart/test_serve.py checks them with promtool).
+*/}}
+{{- define "cron-runner.alertGroups" -}}
+{{- $r := .Values.serve.prometheusRule }}
+{{- $sel := printf "namespace=%q" (include "cron-runner.namespace" .) }}
+- name: cron-runner
+  rules:
+    - alert: CronRunnerTaskOverdue
+      expr: max by (namespace, task) (cron_runner_task_overdue{ {{- $sel -}} }) == 1
+      for: {{ $r.overdueFor }}
+      labels:
+        severity: {{ $r.severity }}
+      annotations:
+        summary: "cron-runner task {{ "{{" }} $labels.task {{ "}}" }} missed a scheduled slot"
+        description: "A slot passed with no run; it stays reported until it runs or `cron-runner ack {{ "{{" }} $labels.task {{ "}}" }} SLOT`."
+    - alert: CronRunnerTaskFailing
+      expr: max by (namespace, task) (cron_runner_task_consecutive_failures{ {{- $sel -}} }) >= {{ $r.failingRuns }}
+      labels:
+        severity: {{ $r.severity }}
+      annotations:
+        summary: "cron-runner task {{ "{{" }} $labels.task {{ "}}" }} failed {{ "{{" }} $value {{ "}}" }} times in a row"
+    - alert: CronRunnerLeaseLost
+      expr: sum by (namespace, task) (increase(cron_runner_task_runs_total{ {{- $sel -}} ,outcome="lease_lost"}[{{ $r.window }}])) > 0
+      labels:
+        severity: {{ $r.severity }}
+      annotations:
+        summary: "cron-runner task {{ "{{" }} $labels.task {{ "}}" }} lost its lease during a run (exit 75)"
+    - alert: CronRunnerRedisUnreachable
+      expr: (max by (namespace) (cron_runner_up{ {{- $sel -}} }) == 0) or (sum by (namespace, task) (increase(cron_runner_task_runs_total{ {{- $sel -}} ,outcome="unavailable"}[{{ $r.window }}])) > 0)
+      for: {{ $r.redisFor }}
+      labels:
+        severity: {{ $r.severity }}
+      annotations:
+        summary: "cron-runner cannot reach Redis (runs exit 69 and do not run)"
+    - alert: CronRunnerOverMaxRuntime
+      expr: max by (namespace, task) (cron_runner_task_over_max_runtime{ {{- $sel -}} }) == 1
+      labels:
+        severity: {{ $r.severity }}
+      annotations:
+        summary: "cron-runner task {{ "{{" }} $labels.task {{ "}}" }} has run longer than its max runtime"
+    {{- if .Values.watchdog.enabled }}
+    - alert: CronRunnerWatchdogMissing
+      expr: max by (namespace) (cron_runner_watchdog_heartbeat_present{ {{- $sel -}} }) == 0
+      for: {{ $r.watchdogFor }}
+      labels:
+        severity: {{ $r.severity }}
+      annotations:
+        summary: "the cron-runner watchdog has not run within its heartbeat TTL"
+    {{- end }}
+    - alert: CronRunnerDeadLetters
+      expr: max by (namespace, queue) (cron_runner_queue_dead_letters{ {{- $sel -}} }) > 0
+      labels:
+        severity: {{ $r.severity }}
+      annotations:
+        summary: "queue {{ "{{" }} $labels.queue {{ "}}" }} has {{ "{{" }} $value {{ "}}" }} dead letters (cron-runner dlq list)"
+    - alert: CronRunnerQueueLatencyHigh
+      expr: histogram_quantile(0.99, sum by (namespace, task, le) (rate(cron_runner_queue_latency_seconds_bucket{ {{- $sel -}} }[{{ $r.window }}]))) > {{ $r.queueLatencyP99Seconds }}
+      for: {{ $r.latencyFor }}
+      labels:
+        severity: {{ $r.severity }}
+      annotations:
+        summary: "task {{ "{{" }} $labels.task {{ "}}" }}: the p99 from enqueue to a worker's start is over {{ $r.queueLatencyP99Seconds }}s"
 {{- end }}
 
 {{/*
