@@ -225,8 +225,8 @@ SCENARIOS: dict[str, tuple[list[dict[str, str]], str, list[dict[str, str]], list
 def _annotations(rule: dict[str, Any], labels: dict[str, str], value: str) -> dict[str, str]:
     """The rule's annotations as Prometheus expands them for these labels and value."""
     out = {}
-    for key, text in rule.get("annotations", {}).items():
-        text = re.sub(r"\{\{ \$labels\.(\w+) \}\}", lambda m: labels.get(m[1], ""), text)
+    for key, template in rule.get("annotations", {}).items():
+        text = re.sub(r"\{\{ \$labels\.(\w+) \}\}", lambda m: labels.get(m[1], ""), template)
         out[key] = text.replace("{{ $value }}", value)
     return out
 
