@@ -61,6 +61,9 @@ ENVIRONMENT = """environment (flags win over variables):
   CRON_RUNNER_LOG_FORMAT, _LEVEL json or text; debug, info, warning, error
   CRON_RUNNER_MODE               run, or enqueue (queue mode; then CRON_RUNNER_QUEUE, _RETRIES_MAX,
                                  _RETRIES_MIN_BACKOFF, _RETRIES_MAX_BACKOFF, _TIME_LIMIT apply)
+  CRON_RUNNER_MAX_RUNTIME        a run holding its lease longer is reported (status, watchdog, serve)
+  CRON_RUNNER_PING_URL           Healthchecks.io-style pings: URL/start, URL or URL/<exit code>, ?rid=
+                                 (each waited for at most CRON_RUNNER_PING_TIMEOUT, default 3s)
   OTEL_EXPORTER_OTLP_ENDPOINT    turns OpenTelemetry on (telemetry extra); delivered at exit within
                                  CRON_RUNNER_TELEMETRY_FLUSH_TIMEOUT (default 3s)
 Durations accept 30, 30s, 1m, 500ms, 1h. See the README for the full list.

@@ -177,8 +177,12 @@ def add_commands(sub: Any, add_flags: AddFlags) -> None:
         "watchdog",
         help="exit 1 naming every task that missed a scheduled run (for a CronJob's alerts)",
         description="For every task of the scope with a schedule in its state (set "
-        "CRON_RUNNER_SCHEDULE, as the chart does), list the fire times after its last success "
-        "that should have run by now minus the tolerance. Exit 1 if any task has one, else 0. "
+        "CRON_RUNNER_SCHEDULE, as the chart does), judge the fire times since the last watchdog "
+        "run by their slot markers and record those that passed with no run in the task's "
+        "missed-slot ledger, where they stay until they run or `cron-runner ack` acknowledges "
+        "them; list them, and the fire times after the last success that should have run by "
+        "now minus the tolerance. Exit 1 if any task has one, or a run holds its lease past "
+        "the task's max runtime, else 0. Each run leaves a heartbeat (--heartbeat-ttl). "
         "A task becomes known when it first runs, or when --expect names it: then it is "
         "overdue once a slot after that first expectation is missed, so a CronJob that never "
         "fires is caught too (the chart passes every task). A task removed for good stays "

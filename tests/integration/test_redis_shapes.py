@@ -132,7 +132,7 @@ ACL_COMMANDS = [w for w in ACL_RULE.split() if w.startswith("+")]
 # Added for Redis Cluster (redis-py reads the slot table and the command table; ASKING
 # follows a slot being moved), and for status, history, watchdog and unlock.
 ACL_CLUSTER = "+cluster|slots +command +asking"
-ACL_OPS = "+scan +hgetall +xrange +xrevrange +hsetnx +smembers +srem"
+ACL_OPS = "+scan +hgetall +xrange +xrevrange +hsetnx +smembers +srem +zrange +exists +zadd +zrem"
 # Added when the URL names a database other than 0: redis-py selects it on connect.
 ACL_DB = "+select"
 
@@ -277,7 +277,8 @@ def test_ops_commands_need_only_the_ops_addition(redis_server: RedisServer, r: r
     assert run(["exec", "--name", "ops", "--", "true"], acl_env).returncode == 0
     assert run(["exec", "--name", "ops-fails", "--", "false"], acl_env).returncode == 1
     expect = ["watchdog", "--expect", "ops-new=0 3 * * *"]
-    for args in (["status"], ["status", "ops"], ["history", "ops"], ["watchdog"], expect):
+    ack = ["ack", "ops", "--all"]
+    for args in (["status"], ["status", "ops"], ["history", "ops"], ["watchdog"], expect, ack):
         free, restricted = run(args, env), run(args, acl_env)
         assert restricted.returncode == free.returncode, (args, restricted.stderr)
         assert restricted.stdout == free.stdout, args
