@@ -14,7 +14,7 @@ from contextlib import contextmanager
 from typing import Any
 
 from runner import clock
-from runner.errors import ConfigError, StoreUnavailable, UnknownTask
+from runner.errors import ConfigError, StoreUnavailable, UnknownTask, UsageError
 from runner.settings import Settings, parse_duration
 
 AddFlags = Callable[[argparse.ArgumentParser, Sequence[str]], None]
@@ -538,7 +538,7 @@ def cmd_ack(args: argparse.Namespace, settings: Settings) -> int:
 
     validate_name("TASK", args.task)
     if (args.slot is None) == (not args.all):
-        raise ConfigError("ack: expected either SLOT or --all, e.g. cron-runner ack report "
+        raise UsageError("ack: expected either SLOT or --all, e.g. cron-runner ack report "
                           "2026-01-01T10:00:00Z")  # fmt: skip
     lease = settings.lease
     now_s = clock.wall()

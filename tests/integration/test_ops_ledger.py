@@ -109,12 +109,12 @@ def test_a_missed_slot_that_runs_later_is_no_longer_reported(redis_server: Redis
 
 
 def test_ack_needs_a_slot_or_all_and_a_readable_slot(redis_server: RedisServer) -> None:
-    from runner.errors import ConfigError  # noqa: PLC0415
+    from runner.errors import UsageError  # noqa: PLC0415
 
     plain = runner_env(redis_server.url)
     for args, named in ((["ack", "hourly"], "--all"), (["ack", "hourly", "noon"], "SLOT")):
         res = run(args, plain)
-        assert res.returncode == ConfigError.exit_code, res.stderr
+        assert res.returncode == UsageError.exit_code, res.stderr
         assert named in res.stderr
         assert "Traceback" not in res.stderr
 
