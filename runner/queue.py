@@ -126,6 +126,8 @@ class QueueSettings:
     # The enqueueing CronJob's own queue, retries and time limit (the chart's per-task
     # `queue`, `retries`, `timeLimit`): they ride in the message and win over @task's.
     overrides: QueueOptions = _NO_OVERRIDES
+    # A port for Dramatiq's own Prometheus metrics (its Prometheus middleware); None: off.
+    metrics_port: int | None = None
 
     @property
     def heartbeat_timeout_ms(self) -> int:
@@ -238,6 +240,7 @@ def load_queue_settings(
         processes=_whole(src, "WORKER_PROCESSES", 1, 1, MAX_PROCESSES),
         threads=_whole(src, "WORKER_THREADS", DEFAULT_THREADS, 1, MAX_THREADS),
         overrides=_overrides(src),
+        metrics_port=_count(src, "WORKER_METRICS_PORT", 1, 65535),
     )
 
 

@@ -36,6 +36,7 @@ environment (flags win):
   CRON_RUNNER_QUEUE_HEARTBEAT_TIMEOUT  a worker silent this long is dead; its jobs are re-delivered (default 60s)
   CRON_RUNNER_QUEUE_MAINTENANCE_CHANCE share of broker calls that also look for dead workers (default 0.01)
   CRON_RUNNER_QUEUE_DEAD_MESSAGE_TTL   how long dead letters are kept (default 168h)
+  CRON_RUNNER_WORKER_METRICS_PORT   serve Dramatiq's Prometheus metrics on this port (default: off)
 """
 
 

@@ -25,6 +25,7 @@ import multiprocessing
 import multiprocessing.connection
 import os
 import signal
+import tempfile
 import threading
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -399,6 +400,36 @@ def plan(registry: Registry, qs: QueueSettings) -> Plan:
     return Plan(tuple(actors), queues)
 
 
+def start_metrics(port: int) -> None:
+    """Dramatiq's Prometheus middleware metrics on ``port``, for every worker process of this
+    pod (prometheus_client's multiprocess mode, in a fresh directory under /tmp): served by a
+    thread of the supervising process, which forks the workers after it."""
+    db = tempfile.mkdtemp(prefix="cron-runner-dramatiq-prom-")
+    # The middleware reads these when its module is first imported, and each process again.
+    os.environ.update(dramatiq_prom_db=db, dramatiq_prom_port=str(port),
+                      PROMETHEUS_MULTIPROC_DIR=db, prometheus_multiproc_dir=db)  # fmt: skip
+    try:
+        from dramatiq.middleware import prometheus  # noqa: PLC0415 - only with a metrics port
+    except ImportError as exc:  # prometheus_client missing
+        raise ConfigError(
+            f"CRON_RUNNER_WORKER_METRICS_PORT needs prometheus_client (pip install "
+            f"'cron-runner[serve]'): {exc}"
+        ) from exc
+    thread = threading.Thread(
+        target=prometheus._run_exposition_server, name="dramatiq-metrics", daemon=True
+    )
+    thread.start()
+    log.info(f"worker metrics on port {port}", extra={"event": "worker_metrics", "port": port})
+
+
+def _metrics_middleware(qs: QueueSettings) -> list[Any]:
+    if qs.metrics_port is None:
+        return []
+    from dramatiq.middleware.prometheus import Prometheus  # noqa: PLC0415
+
+    return [Prometheus()]
+
+
 def build(
     settings: Settings, qs: QueueSettings, served: Plan, worker_id: str
 ) -> tuple[RedisBroker, Runtime, Any]:
@@ -412,7 +443,7 @@ def build(
         max_backoff=int(DEFAULT_MAX_BACKOFF_S * 1000),
     )
     # No time limit unless a task sets one: a scheduled job's length is its own business.
-    middleware = [runtime, TimeLimit(time_limit=float("inf")), retries]
+    middleware = [runtime, TimeLimit(time_limit=float("inf")), retries, *_metrics_middleware(qs)]
     broker = make_broker(client, qs, middleware)
     actors = Actors(settings, broker, runtime, record_client)
     for spec, queue in served.actors:
@@ -515,6 +546,8 @@ def supervise(settings: Settings, qs: QueueSettings, registry: Registry) -> int:
     visibly rather than running short-handed: the child's own 2 (configuration) or 3 (Redis
     unreachable) as with one process, else 1."""
     served = plan(registry, qs)
+    if qs.metrics_port is not None:
+        start_metrics(qs.metrics_port)
     if qs.processes == 1:
         return serve(settings, qs, served, worker_id=settings.lease.holder)
     fork = multiprocessing.get_context("fork")

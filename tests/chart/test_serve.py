@@ -127,6 +127,7 @@ def test_ingress_network_policy_and_operator_objects(chart: Chart) -> None:
 _CRD_SHAPES: dict[str, dict[str, Any]] = {
     "ServiceMonitor": {"selector": dict, "endpoints": list, "namespaceSelector": dict},
     "PrometheusRule": {"groups": list},
+    "PodMonitor": {"selector": dict, "podMetricsEndpoints": list, "namespaceSelector": dict},
 }
 
 
@@ -269,3 +270,31 @@ def test_the_dashboard_is_valid_grafana_json() -> None:
     for panel in board["panels"]:
         assert panel["targets"], panel["title"]
         assert {"x", "y", "w", "h"} <= set(panel["gridPos"])
+
+
+def test_worker_metrics_and_their_pod_monitor(chart: Chart) -> None:
+    values = ci_values("08-queue-mode-workers-values.yaml")
+    plain = render(chart, values)
+    assert not plain.of_kind("PodMonitor")
+    assert all("CRON_RUNNER_WORKER_METRICS_PORT" not in env_of(container(d))
+               for d in plain.of_kind("Deployment"))  # fmt: skip
+    values["workerMetrics"] = {"enabled": True, "podMonitor": {"enabled": True}}
+    values["networkPolicy"] = {"enabled": True}
+    rendered = render(chart, values)
+    workers = rendered.of_kind("Deployment")
+    assert workers
+    for deployment in workers:
+        c = container(deployment)
+        assert env_of(c)["CRON_RUNNER_WORKER_METRICS_PORT"]["value"] == "9191"
+        assert c["ports"] == [{"name": "metrics", "containerPort": 9191, "protocol": "TCP"}]
+    monitor = rendered.one("PodMonitor")
+    _structure(monitor, "PodMonitor")
+    assert monitor["spec"]["podMetricsEndpoints"] == [{"port": "metrics", "path": "/metrics",
+                                                       "interval": "30s"}]  # fmt: skip
+    labels = workers[0]["spec"]["template"]["metadata"]["labels"]
+    assert monitor["spec"]["selector"]["matchLabels"].items() <= labels.items()
+    policy = rendered.one("NetworkPolicy", "cron-runner-worker-metrics")
+    assert policy["spec"]["ingress"][0]["ports"] == [{"port": 9191, "protocol": "TCP"}]
+    docs = [d for d in rendered.docs if d["kind"] not in CRD_KINDS]
+    assert [e for doc in docs for v in KUBE_VERSIONS for e in schema_errors(doc, v)] == []
+    assert lint(CHART_DIR, values, strict=True, namespace=NAMESPACE)["errors"] == []
