@@ -67,12 +67,10 @@ class TaskRuns:
 
     def add(self, record: RunRecord) -> None:
         self.recent.append(record)
-        if record.unlocked:
-            return  # an admin's unlock, not a run
+        if record.unlocked or record.outcome == "acknowledged":
+            return  # an admin's unlock or acknowledgement, not a run
         outcome = record.outcome or "unknown"
         self.outcomes[outcome] = self.outcomes.get(outcome, 0) + 1
-        if outcome == "acknowledged":
-            return
         if outcome != "enqueued" and record.duration_ms is not None:
             self.durations.observe(record.duration_ms / 1000)
         if record.slot is None or record.started_at is None:
