@@ -48,7 +48,7 @@ def _ok(res: subprocess.CompletedProcess[str], code: int = 0) -> None:
 
 
 def build_world(server: RedisServer) -> World:
-    """ok, failing (twice in a row), lease lost, terminated, overdue (ledger), running past its
+    """ok, failing (twice in a row), lease lost, terminated, unavailable, overdue (ledger), running past its
     max runtime, a Berlin task, a hostile holder, and queue mode: an enqueue a worker ran, and
     one waiting on a queue no worker reads."""
     url = server.url
@@ -75,6 +75,14 @@ def build_world(server: RedisServer) -> World:
         else:
             proc.send_signal(signal.SIGTERM)
         proc.communicate(timeout=60)
+
+    # Unavailable: no replica acknowledged the lease (CRON_RUNNER_REDIS_MIN_REPLICAS), so the
+    # run gave it back without running, and recorded why.
+    from runner.errors import StoreUnavailable  # noqa: PLC0415
+
+    alone = runner_env(url, CRON_RUNNER_SCHEDULE="*/5 * * * *", CRON_RUNNER_REDIS_MIN_REPLICAS="1",
+                       CRON_RUNNER_LEASE_TTL="1s")  # fmt: skip
+    _ok(run(["exec", "--name", "alone", "--", "true"], alone), StoreUnavailable.exit_code)
 
     # Overdue: a nightly task whose last run was two days ago, its misses in the ledger.
     nightly = Schedule.parse("0 3 * * *", "UTC", 0).previous_at_or_before(time.time() - 2 * DAY_S)

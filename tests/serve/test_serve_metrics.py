@@ -38,7 +38,7 @@ def test_metrics_of_every_state(world: World, tmp_path: Path) -> None:
     assert families == {name: kind for name, (kind, _) in METRICS.items()}
     m = _samples(text)
     assert m["cron_runner_up"][0].value == 1
-    assert m["cron_runner_tasks"][0].value == 10
+    assert m["cron_runner_tasks"][0].value == 11
 
     runs = {
         (s.labels["task"], s.labels["outcome"]): s.value for s in m["cron_runner_task_runs_total"]
@@ -47,6 +47,7 @@ def test_metrics_of_every_state(world: World, tmp_path: Path) -> None:
     assert runs[("failing", "failed")] == 2
     assert runs[("lost", "lease_lost")] == 1
     assert runs[("stopped", "terminated")] == 1
+    assert runs[("alone", "unavailable")] == 1
     assert runs[("q-ok", "enqueued")] == 1 and runs[("q-ok", "ran")] == 1
     assert _by_task(m, "cron_runner_task_consecutive_failures")["failing"] == 2
     assert _by_task(m, "cron_runner_task_consecutive_failures")["healthy"] == 0

@@ -55,7 +55,8 @@ def test_status_page_and_task_page(world: World, browser: WebDriver, tmp_path: P
         assert browser.title == "cron-runner"
         rows = _rows(browser)
         assert set(rows) == {"healthy", "failing", "berlin", "hostile", "lost", "stopped",
-                             "nightly", "slow", "q-ok", "q-billed"}  # fmt: skip
+                             "alone", "nightly", "slow", "q-ok", "q-billed"}  # fmt: skip
+        assert "failing: unavailable" in rows["alone"]
         assert "ok" in rows["healthy"]
         assert "failing: failed" in rows["failing"]
         assert "overdue" in rows["nightly"]
