@@ -205,6 +205,9 @@ def _instant(t_s: float) -> float:
     return t_s
 
 
+_MEMO = 8  # answers remembered per query
+
+
 class Schedule:
     """A validated cron schedule in a time zone, with the skew tolerance it is used with.
 
@@ -245,6 +248,10 @@ class Schedule:
 
         self._spec = spec
         self._matcher = Matcher(spec)
+        # The latest answers of each query, with where each holds: (low, fire) and (fire, high).
+        # Each tuple is replaced whole, so threads sharing the schedule read consistent ones.
+        self._next_memo: tuple[tuple[int, int], ...] = ()
+        self._prev_memo: tuple[tuple[int, int], ...] = ()
         self._transitions = self._scan_transitions(_WINDOW_START_S, _WINDOW_END_S)
         self.min_gap_s, self.max_gap_s = self._gaps()
 
@@ -304,11 +311,26 @@ class Schedule:
 
     def next_after(self, t_s: float) -> int:
         """The first fire time strictly after ``t_s``."""
-        return self._next_fire(math.floor(_instant(t_s)) + 1)
+        t = math.floor(_instant(t_s)) + 1
+        # An answer holds for every t from where it was asked up to it: `serve` asks this of a
+        # thousand tasks that share a few schedules, each scrape, and the cron arithmetic is most
+        # of its time.
+        for low, fire in self._next_memo:
+            if low <= t <= fire:
+                return fire
+        fire = self._next_fire(t)
+        self._next_memo = ((t, fire), *self._next_memo[: _MEMO - 1])
+        return fire
 
     def previous_at_or_before(self, t_s: float) -> int:
         """The last fire time at or before ``t_s``."""
-        return self._prev_fire(math.floor(_instant(t_s)))
+        t = math.floor(_instant(t_s))
+        for fire, high in self._prev_memo:  # an answer holds from it up to where it was asked
+            if fire <= t <= high:
+                return fire
+        fire = self._prev_fire(t)
+        self._prev_memo = ((fire, t), *self._prev_memo[: _MEMO - 1])
+        return fire
 
     # -- fire times: one stretch of constant UTC offset at a time ---------------------------
 

@@ -848,3 +848,20 @@ def test_threads_share_a_schedule() -> None:
         thread.join()
     assert all(result == expected for result in results.values())
     assert len(results) == 4
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    expr=st.sampled_from(["*/5 * * * *", "30 2 * * *", "0 9 * * 1-5", "15,45 */3 * * *"]),
+    tz=st.sampled_from(["UTC", "Europe/Berlin", "America/New_York"]),
+    times=st.lists(st.integers(1_700_000_000, 1_800_000_000), min_size=1, max_size=30),
+)
+def test_remembered_answers_equal_fresh_ones(expr: str, tz: str, times: list[int]) -> None:
+    """next_after and previous_at_or_before remember recent answers (serve asks them of many
+    tasks that share a schedule): interleaved queries answer as a fresh schedule would."""
+    shared = Schedule.parse(expr, tz, 0.0)
+    for t in times:
+        for probe in (t, t + 1, t - 59):
+            fresh = slots.Schedule._build(expr, tz, 0.0)
+            assert shared.next_after(probe) == fresh.next_after(probe)
+            assert shared.previous_at_or_before(probe) == fresh.previous_at_or_before(probe)
