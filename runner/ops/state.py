@@ -388,8 +388,11 @@ class Reader:
                 if covered is not None:
                     # The ledger holds what a watchdog found missed up to LEDGER_UNTIL; the
                     # fire times after that are judged as before, a success covering the
-                    # earlier ones, until a watchdog looks at each one's slot marker.
-                    judged = _float(state.get(LEDGER_UNTIL))
+                    # earlier ones, until a watchdog looks at each one's slot marker. In queue
+                    # mode a marker only says enqueued: the listing keeps judging from the
+                    # workers' last success, so a job no worker ran stays listed.
+                    queued = bool(state.get("last_enqueued_at"))
+                    judged = None if queued else _float(state.get(LEDGER_UNTIL))
                     tail = missed_slots(
                         schedule,
                         now_s=now_s,

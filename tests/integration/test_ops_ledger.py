@@ -158,3 +158,17 @@ def test_the_watchdog_heartbeat_expires(redis_server: RedisServer, r: redis.Redi
     assert "watchdog: last ran" in run(["status"], plain).stdout
     wait_for(lambda: heartbeat() is None, timeout_s=10)
     assert "watchdog: MISSING" in run(["status"], plain).stdout
+
+
+def test_in_queue_mode_a_job_no_worker_ran_stays_overdue(redis_server: RedisServer) -> None:
+    """The 10:00 slot is enqueued (its marker says so), and no worker ever runs it: the watchdog
+    still reports it at each run, not only at the first one that judged the marker."""
+    url, plain = redis_server.url, runner_env(redis_server.url)
+    pod = {**_pod(url, "q-ok", _at(10)), "CRON_RUNNER_MODE": "enqueue",
+           "CRON_RUNNER_TASK_MODULES": "tests.queue.queue_tasks"}  # fmt: skip
+    sent = run(["run", "q-ok"], pod)
+    assert sent.returncode == 0, sent.stderr
+    for at in (_at(10, 20), _at(10, 25)):
+        dog = _faked(at, ["watchdog", "-o", "json"], plain)
+        assert dog.returncode == 1, dog.stdout
+        assert json.loads(dog.stdout)["overdue"][0]["missed"]["slots"] == [_at(10)]
