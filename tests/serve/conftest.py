@@ -18,7 +18,7 @@ import pytest
 from runner.devserver import RedisServer
 from runner.slots import Schedule
 from tests.helpers.proc import events, run, runner_env, spawn
-from tests.helpers.wait import wait_for
+from tests.helpers.wait import clear_of_slot_edge, wait_for
 from tests.queue.helpers import TASK_MODULES, WorkerProc, queue_env
 
 HOSTILE_HOLDER = "<b>pod</b><script>alert(1)</script>"
@@ -53,6 +53,8 @@ def build_world(server: RedisServer) -> World:
     one waiting on a queue no worker reads."""
     url = server.url
     env = runner_env(url)
+    # The two runs of `healthy` must share a slot (the second skips): start clear of an edge.
+    clear_of_slot_edge(300, needed_s=60)
     five = runner_env(url, CRON_RUNNER_SCHEDULE="*/5 * * * *")
     _ok(run(["exec", "--name", "healthy", "--", "true"], five))
     _ok(run(["exec", "--name", "healthy", "--holder", "pod-b", "--", "true"], five))  # a skip
