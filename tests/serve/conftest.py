@@ -54,7 +54,7 @@ def build_world(server: RedisServer) -> World:
     url = server.url
     env = runner_env(url)
     # The two runs of `healthy` must share a slot (the second skips): start clear of an edge.
-    clear_of_slot_edge(300, needed_s=60)
+    clear_of_slot_edge(300)
     five = runner_env(url, CRON_RUNNER_SCHEDULE="*/5 * * * *")
     _ok(run(["exec", "--name", "healthy", "--", "true"], five))
     _ok(run(["exec", "--name", "healthy", "--holder", "pod-b", "--", "true"], five))  # a skip
