@@ -413,7 +413,7 @@ def start_metrics(port: int) -> None:
     except ImportError as exc:  # prometheus_client missing
         raise ConfigError(
             f"CRON_RUNNER_WORKER_METRICS_PORT needs prometheus_client (pip install "
-            f"'cron-runner[serve]'): {exc}"
+            f"'redis-cron-runner[serve]'): {exc}"
         ) from exc
     thread = threading.Thread(
         target=prometheus._run_exposition_server, name="dramatiq-metrics", daemon=True

@@ -104,7 +104,7 @@ def cmd_serve(args: argparse.Namespace, settings: Settings) -> int:
         from runner.serve.snapshot import Source  # noqa: PLC0415
     except ImportError as exc:
         raise ConfigError(
-            f"serve needs the 'serve' extra (pip install 'cron-runner[serve]'): {exc}"
+            f"serve needs the 'serve' extra (pip install 'redis-cron-runner[serve]'): {exc}"
         ) from exc
     from runner import store  # noqa: PLC0415
 
