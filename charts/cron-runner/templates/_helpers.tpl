@@ -596,6 +596,7 @@ checks the two agree. Numbers beyond 999 (a step beyond 19 digits) are treated a
 {{- end }}
 {{- end }}
 {{- if $errors }}{{ first $errors }}{{ end }}
+{{- end }}
 
 {{/*
 The alert rules of the PrometheusRule, as YAML groups: every expression names only metrics
