@@ -35,6 +35,7 @@ def _pod(redis_url: str, task: str, slot_s: int) -> dict[str, str]:
         CRON_RUNNER_JOB_NAME=f"{cronjob}-{slot_s // 60}",
         CRON_RUNNER_CRONJOB_NAME=cronjob,
         CRON_RUNNER_SCHEDULE=HOURLY,
+        CRON_RUNNER_SLOT_RETENTION="168h",  # the slots here are days old: older are not run
     )
 
 

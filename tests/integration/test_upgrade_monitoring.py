@@ -82,7 +82,8 @@ def test_slots_the_previous_release_ran_are_not_missed(
     slots = [schedule.previous_at_or_before(time.time() - h * 3600) for h in (3, 2, 1)]
     for i, slot in enumerate(slots):
         pod = runner_env(url, CRON_RUNNER_JOB_NAME=f"release-hourly-{slot // 60}",
-                         CRON_RUNNER_CRONJOB_NAME="release-hourly", CRON_RUNNER_SCHEDULE="0 * * * *")  # fmt: skip
+                         CRON_RUNNER_CRONJOB_NAME="release-hourly", CRON_RUNNER_SCHEDULE="0 * * * *",
+                         CRON_RUNNER_SLOT_RETENTION="24h")  # fmt: skip
         args = ["exec", "--name", "hourly", "--", "true"]
         res = old(previous, args, pod) if i % 2 == 0 else run(args, pod)  # the two, in turn
         assert res.returncode == 0, res.stderr

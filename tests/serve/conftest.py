@@ -39,6 +39,7 @@ def _pod(url: str, task: str, schedule: str, slot_s: int, **extra: str) -> dict[
         CRON_RUNNER_JOB_NAME=f"{cronjob}-{slot_s // 60}",
         CRON_RUNNER_CRONJOB_NAME=cronjob,
         CRON_RUNNER_SCHEDULE=schedule,
+        CRON_RUNNER_SLOT_RETENTION="168h",  # the slots here are days old: older are not run
         **extra,
     )
 
