@@ -400,10 +400,11 @@ def plan(registry: Registry, qs: QueueSettings) -> Plan:
     return Plan(tuple(actors), queues)
 
 
-def start_metrics(port: int) -> None:
+def prepare_metrics(port: int) -> Any:
     """Dramatiq's Prometheus middleware metrics on ``port``, for every worker process of this
-    pod (prometheus_client's multiprocess mode, in a fresh directory under /tmp): served by a
-    thread of the supervising process, which forks the workers after it."""
+    pod (prometheus_client's multiprocess mode, in a fresh directory under /tmp). Returns what
+    serves them; start it once the workers are forked: a process forked while another of its
+    threads runs may inherit a lock that thread held, and hang."""
     db = tempfile.mkdtemp(prefix="cron-runner-dramatiq-prom-")
     # The middleware reads these when its module is first imported, and each process again.
     os.environ.update(dramatiq_prom_db=db, dramatiq_prom_port=str(port),
@@ -415,11 +416,15 @@ def start_metrics(port: int) -> None:
             f"CRON_RUNNER_WORKER_METRICS_PORT needs prometheus_client (pip install "
             f"'redis-cron-runner[serve]'): {exc}"
         ) from exc
-    thread = threading.Thread(
-        target=prometheus._run_exposition_server, name="dramatiq-metrics", daemon=True
-    )
-    thread.start()
-    log.info(f"worker metrics on port {port}", extra={"event": "worker_metrics", "port": port})
+
+    def start() -> None:
+        thread = threading.Thread(
+            target=prometheus._run_exposition_server, name="dramatiq-metrics", daemon=True
+        )
+        thread.start()
+        log.info(f"worker metrics on port {port}", extra={"event": "worker_metrics", "port": port})
+
+    return start
 
 
 def _metrics_middleware(qs: QueueSettings) -> list[Any]:
@@ -546,9 +551,10 @@ def supervise(settings: Settings, qs: QueueSettings, registry: Registry) -> int:
     visibly rather than running short-handed: the child's own 2 (configuration) or 3 (Redis
     unreachable) as with one process, else 1."""
     served = plan(registry, qs)
-    if qs.metrics_port is not None:
-        start_metrics(qs.metrics_port)
+    start_metrics = prepare_metrics(qs.metrics_port) if qs.metrics_port is not None else None
     if qs.processes == 1:
+        if start_metrics:
+            start_metrics()
         return serve(settings, qs, served, worker_id=settings.lease.holder)
     fork = multiprocessing.get_context("fork")
     stop = _StopFlag().install()
@@ -565,6 +571,8 @@ def supervise(settings: Settings, qs: QueueSettings, registry: Registry) -> int:
     for child in children:
         child.start()
     signal.pthread_sigmask(signal.SIG_UNBLOCK, _STOP_SIGNALS)
+    if start_metrics:
+        start_metrics()
     code = 0
     forwarded = False
     while any(c.exitcode is None for c in children):

@@ -3,6 +3,8 @@ metrics (what the chart's PodMonitor scrapes), with one process and with several
 
 from __future__ import annotations
 
+import contextlib
+import subprocess
 import urllib.request
 
 import pytest
@@ -45,8 +47,9 @@ def test_workers_serve_dramatiq_metrics(
         assert seen.get("dramatiq_message_errors_total", 0) == 0
     finally:
         worker.terminate()
-        worker.wait()
-        worker.stop()
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            worker.wait(30)
+        worker.stop()  # kills what is left
 
 
 def test_a_bad_metrics_port_is_a_configuration_error(redis_server: RedisServer) -> None:
