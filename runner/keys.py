@@ -80,8 +80,15 @@ class TaskKeys:
         return f"{self.base}:slot:{slot_epoch_s}"
 
     def all_keys(self, slot_epoch_s: int = 0) -> list[str]:
-        return [self.lease, self.fence, self.meta, self.runs, self.state, self.missed,
-                self.slot(slot_epoch_s)]
+        return [
+            self.lease,
+            self.fence,
+            self.meta,
+            self.runs,
+            self.state,
+            self.missed,
+            self.slot(slot_epoch_s),
+        ]
 
 
 #: `cron-runner check` runs the lease scripts on a task named like this: the leading '_' is
