@@ -91,7 +91,7 @@ def container(cronjob: Manifest) -> Manifest:
     """The chart's own container: the first, before any a task adds (extraContainers)."""
     containers = pod_spec(cronjob)["containers"]
     found: Manifest = containers[0]
-    assert found["name"] in ("cron-runner", "watchdog", "worker", "check"), found["name"]
+    assert found["name"] in ("cron-runner", "watchdog", "worker", "check", "serve"), found["name"]
     return found
 
 
