@@ -11,7 +11,7 @@
 ARG BASE_IMAGE=python:3.12-slim@sha256:78387bc3881b8273120a12ebe6c1ab22b018ccc2c9adf565ae1ac9b536e184ea
 
 FROM ${BASE_IMAGE} AS builder
-# The extras the image carries (hiredis, telemetry, queue, import) are those image/requirements.txt
+# The extras the image carries (hiredis, telemetry, queue, import, serve) are those image/requirements.txt
 # is compiled with: adding one is adding a word to IMAGE_EXTRAS in the Makefile, then
 # `make image-lock`.
 ENV PIP_NO_CACHE_DIR=1 \

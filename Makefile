@@ -87,7 +87,7 @@ image-clean:
 
 # The image's hash-locked requirements (image/*.txt), from PyPI, with pip-tools in a venv
 # of its own; constraints.txt decides the versions, as it does for `make venv`.
-IMAGE_EXTRAS := hiredis telemetry queue import
+IMAGE_EXTRAS := hiredis telemetry queue import serve
 LOCK_TOOLS   := .work/lock-tools
 LOCK_PIP_ENV := env -u PIP_FIND_LINKS -u PIP_CONSTRAINT PIP_CONFIG_FILE=/dev/null
 .PHONY: image-lock

@@ -91,7 +91,15 @@ def test_the_lock_has_the_versions_constraints_txt_pins() -> None:
             pins[name.strip().lower()] = version.strip()
     locked = {n.split("==")[0].replace("_", "-"): n.split("==")[1]
               for n in _locked(ROOT / "image" / "requirements.txt")}  # fmt: skip
-    for name in ("redis", "hiredis", "dramatiq", "opentelemetry-sdk", "pyyaml"):
+    for name in (
+        "redis",
+        "hiredis",
+        "dramatiq",
+        "opentelemetry-sdk",
+        "pyyaml",
+        "prometheus-client",
+        "jinja2",
+    ):
         assert name in locked, name
     for name, version in locked.items():
         if name in pins:
