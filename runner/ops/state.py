@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import json
+import logging
 import re
 from dataclasses import dataclass
 from typing import Any
@@ -20,6 +21,8 @@ from runner import slots
 from runner.errors import ConfigError
 from runner.keys import NAME_RE, TaskKeys, scope_index
 from runner.lease import holder_of, started_at_of
+
+log = logging.getLogger("runner.ops")
 
 #: State-hash field: when a watchdog was first told to expect a task that had not run yet.
 EXPECTED_SINCE = "expected_since"
@@ -227,6 +230,14 @@ def _merge(ledger: tuple[int, ...], tail: Missed) -> Missed:
     )
 
 
+def _slots_of(reply: Any) -> list[int]:
+    return [] if isinstance(reply, Exception) else [int(float(m)) for m in reply]
+
+
+def _true(reply: Any) -> bool:
+    return not isinstance(reply, Exception) and bool(reply)
+
+
 def heartbeat_of(raw: str | None) -> Heartbeat | None:
     if raw is None:
         return None
@@ -339,8 +350,14 @@ class Reader:
             pipe.hgetall(keys.state)
             pipe.xrange(keys.runs, count=1)
             pipe.zrange(keys.missed, 0, -1)
-        replies = pipe.execute() if tasks else []
-        ledgers = [[int(float(m)) for m in replies[i * per_task + 5]] for i in range(len(tasks))]
+        replies = pipe.execute(raise_on_error=False) if tasks else []
+        for i, reply in enumerate(replies):
+            # An ACL from before the ledger lacks +zrange: misses are then judged as before.
+            if isinstance(reply, Exception) and not (
+                i % per_task == 5 and isinstance(reply, NoPermissionError)
+            ):
+                raise reply
+        ledgers = [_slots_of(replies[i * per_task + 5]) for i in range(len(tasks))]
         ran = self._ran(tasks, ledgers)
         out = []
         for i, task in enumerate(tasks):
@@ -357,8 +374,10 @@ class Reader:
         for task, ledger in zip(tasks, ledgers, strict=True):
             for slot in ledger:
                 pipe.exists(self.keys(task).slot(slot))
-        found = iter(pipe.execute())
-        return [{slot for slot in ledger if next(found)} for ledger in ledgers]
+        found = iter(pipe.execute(raise_on_error=False))
+        # Without +exists (an ACL from before the ledger) a slot's marker cannot be looked at:
+        # it counts as not run, so the ledger keeps reporting it until acknowledged.
+        return [{slot for slot in ledger if _true(next(found))} for ledger in ledgers]
 
     @staticmethod
     def _build(
@@ -428,6 +447,20 @@ class Reader:
     # -- the missed-slot ledger (written by the watchdog and `ack`, read by everyone) ------
 
     def scan_ledger(self, task: str, *, now_s: float, tolerance_s: float) -> list[int]:
+        """:meth:`judge_ledger`, or nothing under an ACL from before the ledger (no +zrange,
+        +exists, +zadd or +zrem): then misses are judged as before, a success covering the
+        earlier ones."""
+        try:
+            return self.judge_ledger(task, now_s=now_s, tolerance_s=tolerance_s)
+        except NoPermissionError as exc:
+            log.warning(
+                f"the missed-slot ledger is off for {task}: the ACL user may not use it ({exc}); "
+                "add +zrange +exists +zadd +zrem (docs/reliability.md)",
+                extra={"event": "ledger_refused", "task": task},
+            )
+            return []
+
+    def judge_ledger(self, task: str, *, now_s: float, tolerance_s: float) -> list[int]:
         """Judge the fire times since the last scan by their slot markers, and record those
         that passed with no run in the ledger, where they stay whatever later slots do, until
         they run (their marker appears) or are acknowledged. Returns the slots added.
