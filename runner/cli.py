@@ -32,7 +32,7 @@ EXIT_CODES = """exit codes:
        of the task or a newer protocol in Redis, a finish refused by the ACL or a key's type)
   126  exec: the command was found but cannot run (no execute bit, bad interpreter)
   127  exec: the command was not found
-  143  terminated by SIGTERM or SIGINT
+  143  stopped by SIGTERM, SIGINT, SIGHUP, SIGQUIT, SIGUSR1 or SIGUSR2
 """
 
 ENVIRONMENT = """environment (flags win over variables):

@@ -59,8 +59,21 @@ UNAVAILABLE = "unavailable"
 TOO_LATE = "too_late"  # a server's run that started past the starting deadline of its slot
 
 
+# Each asks the run to stop as SIGTERM does: the task stopped, the lease released, exit 143.
+# Left at their defaults, SIGHUP (a closed terminal or ssh session), SIGQUIT and SIGUSR1/2
+# would kill the runner on the spot and leave its command running and its lease held.
+STOP_SIGNALS = (
+    signal.SIGTERM,
+    signal.SIGINT,
+    signal.SIGHUP,
+    signal.SIGQUIT,
+    signal.SIGUSR1,
+    signal.SIGUSR2,
+)
+
+
 class Shutdown:
-    """SIGTERM/SIGINT set a flag; nothing else happens in the handler."""
+    """A stop signal (STOP_SIGNALS) sets a flag; nothing else happens in the handler."""
 
     def __init__(self) -> None:
         self.signum: int | None = None
@@ -75,9 +88,13 @@ class Shutdown:
         self.count += 1
 
     def install(self) -> Shutdown:
-        for sig in (signal.SIGTERM, signal.SIGINT):
+        for sig in STOP_SIGNALS:
             signal.signal(sig, self._handle)
         return self
+
+    @property
+    def name(self) -> str:
+        return signal.Signals(self.signum).name if self.signum else "a signal"
 
 
 class HolderAlive(NamedTuple):
@@ -617,7 +634,7 @@ class Execution:
         if stop_reason == TERMINATED:
             with self.observer.phase("release"):
                 self._release(TERMINATED, EXIT_TERMINATED, error)
-            return RunResult(TERMINATED, EXIT_TERMINATED, reason="terminated by signal")
+            return RunResult(TERMINATED, EXIT_TERMINATED, reason=f"stopped by {self.shutdown.name}")
         if code != 0:
             with self.observer.phase("release"):
                 self._release(FAILED, code, error)
