@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import errno
 import logging
 import os
 import select
@@ -15,9 +16,10 @@ import subprocess
 import sys
 import threading
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Protocol
 
-from runner.errors import Cancelled
+from runner.errors import EXIT_CANNOT_EXECUTE, EXIT_NOT_FOUND, Cancelled
 from runner.tasks import RunContext, TaskFn
 
 log = logging.getLogger("runner")
@@ -94,6 +96,8 @@ class CommandTarget:
         self.argv = list(argv)
         self.proc: subprocess.Popen[bytes] | None = None
         self._pidfd: int | None = None
+        # (exit code, reason) when the command could not be started at all.
+        self._not_started: tuple[int, str] | None = None
 
     def start(self, ctx: RunContext) -> None:
         env = dict(os.environ)
@@ -105,13 +109,18 @@ class CommandTarget:
         )
         # Its own process group, so that cancel and kill reach every process it starts,
         # and a terminal's Ctrl-C reaches only the runner, which then decides.
-        self.proc = subprocess.Popen(
-            # The hook makes one syscall and takes no lock, so the keeper thread is no hazard.
-            self.argv,
-            env=env,
-            process_group=0,
-            preexec_fn=_die_with_parent(),  # noqa: PLW1509
-        )
+        try:
+            self.proc = subprocess.Popen(
+                # The hook makes one syscall and takes no lock, so the keeper thread is no hazard.
+                self.argv,
+                env=env,
+                process_group=0,
+                preexec_fn=_die_with_parent(),  # noqa: PLW1509
+            )
+        except OSError as exc:
+            # A failed run like any other (released, recorded), with the codes of env(1).
+            self._not_started = start_failure(self.argv[0], exc, env.get("PATH"))
+            return
         # Readable when the child exits: poll() wakes at once instead of sleeping in steps, as
         # Popen.wait(timeout) does (Linux >= 5.3; elsewhere that stepped wait is the fallback).
         try:
@@ -120,11 +129,12 @@ class CommandTarget:
             self._pidfd = None
 
     @property
-    def pid(self) -> int:
-        assert self.proc is not None
-        return self.proc.pid
+    def pid(self) -> int | None:
+        return None if self.proc is None else self.proc.pid
 
     def poll(self, timeout_s: float) -> bool:
+        if self._not_started:
+            return True
         assert self.proc is not None
         if self._pidfd is not None:
             poller = select.poll()
@@ -146,6 +156,8 @@ class CommandTarget:
         self._signal_group(signal.SIGTERM)
 
     def kill(self) -> bool:
+        if self._not_started:
+            return True
         self._signal_group(signal.SIGKILL)
         assert self.proc is not None
         self.proc.wait()
@@ -158,19 +170,52 @@ class CommandTarget:
             self._pidfd = None
 
     def _signal_group(self, sig: signal.Signals) -> None:
-        assert self.proc is not None
+        if self.proc is None:
+            return
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(self.proc.pid, sig)
 
     def exit_code(self) -> int:
+        if self._not_started:
+            return self._not_started[0]
         assert self.proc is not None and self.proc.returncode is not None
         code = self.proc.returncode
         # Killed by a signal: report it as a shell would (128 + signal number).
         return 128 - code if code < 0 else code
 
     def error(self) -> str | None:
+        if self._not_started:
+            return self._not_started[1]
         code = self.exit_code()
         return None if code == 0 else f"command exited with code {code}"
+
+
+def start_failure(command: str, exc: OSError, path: str | None) -> tuple[int, str]:
+    """The exit code and reason for a command that could not be started: 127 if there is no
+    such file, 126 if there is one that cannot run (as a shell, timeout(1) and env(1) say)."""
+    import shutil  # noqa: PLC0415 - only on this rare path
+
+    if exc.errno in (errno.ENOENT, errno.ENOTDIR):
+        found = command if "/" in command else shutil.which(command, mode=os.F_OK, path=path)
+        if not found or not Path(found).exists():
+            where = "" if "/" in command else " on PATH"
+            return EXIT_NOT_FOUND, f"command not found{where}: {command}"
+        # The file is there: execve's ENOENT is about the interpreter its #! line names.
+        return EXIT_CANNOT_EXECUTE, (
+            f"cannot execute {found}: its interpreter {_interpreter(found)!r} was not found"
+        )
+    return EXIT_CANNOT_EXECUTE, f"cannot execute {command}: {exc.strerror or exc}"
+
+
+def _interpreter(path: str) -> str:
+    try:
+        with Path(path).open("rb") as f:
+            first = f.readline(256)
+    except OSError:
+        return "?"
+    if not first.startswith(b"#!"):
+        return "?"
+    return first[2:].strip().split(b" ", 1)[0].decode(errors="replace") or "?"
 
 
 def _die_with_parent() -> Callable[[], None] | None:
