@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Protocol
 
 from runner.errors import EXIT_CANNOT_EXECUTE, EXIT_NOT_FOUND, Cancelled
+from runner.supervisor import Supervisor, become_subreaper, stop_adopted
 from runner.tasks import RunContext, TaskFn
 
 log = logging.getLogger("runner")
@@ -98,6 +99,13 @@ class CommandTarget:
         self._pidfd: int | None = None
         # (exit code, reason) when the command could not be started at all.
         self._not_started: tuple[int, str] | None = None
+        # Set by the run before start: the lease's local expiry, pushed back by ``extend``.
+        # With it, the command runs under the subreaper and the supervisor (runner.supervisor).
+        self.lease_expires_at: float | None = None
+        self._supervisor: Supervisor | None = None
+        self._adopting = False
+        self.adopted: set[int] = set()  # descendants that left the group, stopped at the end
+        self.survivors: list[int] = []  # of those, the ones not confirmed stopped
 
     def start(self, ctx: RunContext) -> None:
         env = dict(os.environ)
@@ -107,6 +115,12 @@ class CommandTarget:
             CRON_RUNNER_SLOT="" if ctx.slot is None else str(ctx.slot),
             CRON_RUNNER_HOLDER=ctx.holder,
         )
+        under_lease = self.lease_expires_at is not None
+        # As PID 1 neither prctl is needed (see _die_with_parent, become_subreaper).
+        prctl = _prctl() if sys.platform.startswith("linux") and os.getpid() != 1 else None
+        if under_lease:
+            # Before the start, so that what the command detaches at once comes back too.
+            self._adopting = become_subreaper(prctl)
         # Its own process group, so that cancel and kill reach every process it starts,
         # and a terminal's Ctrl-C reaches only the runner, which then decides.
         try:
@@ -115,18 +129,27 @@ class CommandTarget:
                 self.argv,
                 env=env,
                 process_group=0,
-                preexec_fn=_die_with_parent(),  # noqa: PLW1509
+                preexec_fn=_die_with_parent(prctl),  # noqa: PLW1509
             )
         except OSError as exc:
             # A failed run like any other (released, recorded), with the codes of env(1).
             self._not_started = start_failure(self.argv[0], exc, env.get("PATH"))
             return
+        if self.lease_expires_at is not None:
+            self._supervisor = Supervisor(self.proc.pid, self.lease_expires_at)
         # Readable when the child exits: poll() wakes at once instead of sleeping in steps, as
         # Popen.wait(timeout) does (Linux >= 5.3; elsewhere that stepped wait is the fallback).
         try:
             self._pidfd = os.pidfd_open(self.proc.pid)
         except (AttributeError, OSError):
             self._pidfd = None
+
+    def extend(self, expires_at: float) -> None:
+        """A renewal was confirmed: the lease's local expiry is now ``expires_at``."""
+        self.lease_expires_at = expires_at
+        supervisor = self._supervisor
+        if supervisor is not None:
+            supervisor.extend(expires_at)
 
     @property
     def pid(self) -> int | None:
@@ -150,6 +173,7 @@ class CommandTarget:
                 return False
         # The leader is gone: whatever it left behind in its group must not outlive the lease.
         self._signal_group(signal.SIGKILL)
+        self._stop_the_rest()
         return True
 
     def cancel(self) -> None:
@@ -162,7 +186,19 @@ class CommandTarget:
         assert self.proc is not None
         self.proc.wait()
         self._close_pidfd()
+        self._stop_the_rest()
         return True
+
+    def _stop_the_rest(self) -> None:
+        """The command is gone: stop what left its group, then the supervisor, which guards
+        the lease until everything is confirmed stopped."""
+        supervisor = self._supervisor
+        if supervisor is None:
+            return
+        if self._adopting:
+            self.adopted, self.survivors = stop_adopted({supervisor.pid})
+        supervisor.stop()
+        self._supervisor = None
 
     def _close_pidfd(self) -> None:
         if self._pidfd is not None:
@@ -218,7 +254,18 @@ def _interpreter(path: str) -> str:
     return first[2:].strip().split(b" ", 1)[0].decode(errors="replace") or "?"
 
 
-def _die_with_parent() -> Callable[[], None] | None:
+def _prctl() -> Callable[..., int] | None:
+    import ctypes  # noqa: PLC0415 - only where prctl is used
+
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        prctl: Callable[..., int] = libc.prctl
+    except (OSError, AttributeError):
+        return None
+    return prctl
+
+
+def _die_with_parent(prctl: Callable[..., int] | None) -> Callable[[], None] | None:
     """On Linux, the command gets SIGKILL when the runner dies (OOM killer, kill -9), so it
     cannot run on unsupervised while the lease expires and another holder starts.
 
@@ -229,14 +276,7 @@ def _die_with_parent() -> Callable[[], None] | None:
     process in its PID namespace. Skipping it there spares the ctypes import and lets Popen
     use vfork, which a pre-exec hook rules out.
     """
-    if not sys.platform.startswith("linux") or os.getpid() == 1:
-        return None
-    import ctypes  # noqa: PLC0415 - only where the hook is used
-
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        prctl = libc.prctl
-    except (OSError, AttributeError):
+    if prctl is None or os.getpid() == 1:
         return None
     pr_set_pdeathsig = 1
 
