@@ -22,6 +22,7 @@ import select
 import signal
 import threading
 import time
+import warnings
 from collections.abc import Callable
 from pathlib import Path
 
@@ -97,7 +98,11 @@ class Supervisor:
         read_fd, self._write_fd = os.pipe()
         os.set_blocking(self._write_fd, False)  # a stuck supervisor must not block the keeper
         runner = os.getpid()
-        self.pid = os.fork()
+        with warnings.catch_warnings():
+            # Python 3.12 warns of fork() beside threads (the keeper): the child runs nothing
+            # that takes a lock, and under -W error the warning would raise after the fork.
+            warnings.simplefilter("ignore", DeprecationWarning)
+            self.pid = os.fork()
         if self.pid == 0:  # pragma: no cover - the child never returns
             try:
                 os.close(self._write_fd)

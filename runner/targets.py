@@ -136,7 +136,13 @@ class CommandTarget:
             self._not_started = start_failure(self.argv[0], exc, env.get("PATH"))
             return
         if self.lease_expires_at is not None:
-            self._supervisor = Supervisor(self.proc.pid, self.lease_expires_at)
+            try:
+                self._supervisor = Supervisor(self.proc.pid, self.lease_expires_at)
+            except OSError as exc:  # no process or descriptor left: the runner alone guards
+                ctx.logger.warning(
+                    f"could not start the command's supervisor, running without it: {exc}",
+                    extra={"event": "supervisor_failed"},
+                )
         # Readable when the child exits: poll() wakes at once instead of sleeping in steps, as
         # Popen.wait(timeout) does (Linux >= 5.3; elsewhere that stepped wait is the fallback).
         try:

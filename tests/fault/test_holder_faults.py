@@ -275,3 +275,26 @@ def test_row2b_runner_frozen_alone_its_supervisor_kills_the_command_before_the_l
         killed_before_expiry_ms=round((expiry_not_before - last_a) * 1000, 1),
         exit_codes={"a": a.returncode, "b": b.returncode},
     )
+
+
+def test_row1b_kill9_of_the_runner_alone_takes_the_commands_whole_group(
+    redis_server: RedisServer, tmp_path: Path
+) -> None:
+    """PR_SET_PDEATHSIG reaches the command's first process only; what it forked, in its
+    group, ran on after the runner died. The supervisor sees the runner's end of its pipe
+    close and kills the group."""
+    pidfile = tmp_path / "sleep.pid"
+    env = runner_env(redis_server.url)
+    script = f"sleep 60 </dev/null >/dev/null 2>&1 & echo $! > {pidfile}; wait"
+    a = spawn(_exec("group", "vm-a", ["sh", "-c", script]), env)
+    wait_for(lambda: pidfile.exists() and pidfile.read_text().strip(), what="the command's child")
+    grandchild = int(pidfile.read_text())
+    a.kill()
+    a.communicate(timeout=10)
+    try:
+        wait_for(
+            lambda: not _alive(grandchild), timeout_s=5, what="the group to die with the runner"
+        )
+    finally:
+        if _alive(grandchild):
+            os.kill(grandchild, signal.SIGKILL)
