@@ -614,6 +614,17 @@ class Execution:
                     self._abandon(keeper, stop_reason or LEASE_LOST)
                 self.log.warning("task killed", extra={"event": "killed"})
                 break
+        else:
+            if (
+                command is not None
+                and command.exit_code() == 128 + signal.SIGKILL
+                and clock.monotonic() >= keeper.expires_at
+            ):
+                # The supervisor got there first (a tick before us, or while we were frozen).
+                self.log.warning(
+                    "task killed by its supervisor at the lease's local expiry",
+                    extra={"event": "killed"},
+                )
         if os.getpid() == 1:
             reap_orphans(None)
         return stop_reason

@@ -123,12 +123,11 @@ class Supervisor:
                 return
             os.close(self._write_fd)
             self._write_fd = -1
-        # Never signalled by pid: the PID 1 reaper may have reaped it, and the pid be reused.
-        # Bounded: one frozen along with the runner is left to init when the runner exits.
-        give_up = time.monotonic() + 1.0
+        # Not waited for: it exits on reading "stop" and kills nothing after it; the runner
+        # reaps it (as PID 1 or a subreaper, with the orphans) or exits first and init does.
+        # Never signalled by pid: reaped meanwhile, its pid could be a stranger's.
         with contextlib.suppress(ChildProcessError):
-            while os.waitpid(self.pid, os.WNOHANG) == (0, 0) and time.monotonic() < give_up:
-                time.sleep(0.002)
+            os.waitpid(self.pid, os.WNOHANG)
 
     def _send(self, message: bytes) -> None:
         # Full pipe (the supervisor is not reading) or a dead supervisor: nothing to tell it.

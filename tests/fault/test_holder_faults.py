@@ -259,6 +259,7 @@ def test_row2b_runner_frozen_alone_its_supervisor_kills_the_command_before_the_l
     assert (a.returncode, outcome(a_err)) == (LeaseLost.exit_code, "lease_lost"), a_err
     assert (b.returncode, outcome(b_err)) == (0, "ran"), b_err
     assert not _alive(child)
+    assert "task killed by its supervisor" in a_err
     a_ticks, b_ticks = read_ticks(ticks, "a"), read_ticks(ticks, "b")
     last_a = max(t.t for t in a_ticks)
     assert last_a < expiry_not_before
