@@ -8,6 +8,8 @@ retries would be, until it takes over.
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
 import os
 import shlex
 import signal
@@ -31,7 +33,7 @@ from tests.fault.common import (
     start_when_free,
 )
 from tests.fault.conftest import Figure
-from tests.helpers.proc import outcome, run, runner_env, spawn
+from tests.helpers.proc import events, outcome, run, runner_env, spawn
 from tests.helpers.ticker import command_of, read_ticks, supervisor_of, ticker_command
 from tests.helpers.wait import wait_for
 
@@ -299,3 +301,37 @@ def test_row1b_kill9_of_the_runner_alone_takes_the_commands_whole_group(
     finally:
         if _alive(grandchild):
             os.kill(grandchild, signal.SIGKILL)
+
+
+def test_row1c_a_descendant_that_cannot_be_confirmed_stopped_keeps_the_lease(
+    redis_server: RedisServer, r: redis.Redis, tmp_path: Path
+) -> None:
+    """A daemon traced by another process (an operator's strace or gdb) dies of the runner's
+    SIGKILL, but its parent cannot reap it, so cannot confirm it gone, until the tracer lets
+    go. Then the runner keeps the lease (no release, no marker) and lets it expire by its TTL."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    ptrace_seize, wall = 0x4206, 0x40000000
+    pidfile, daemon = tmp_path / "daemon.pid", tmp_path / "daemon.sh"
+    daemon.write_text(f"echo $$ > {pidfile}\nexec sleep 60 </dev/null >/dev/null 2>&1\n")
+    env = runner_env(redis_server.url, CRON_RUNNER_SCHEDULE="0 0 * * *")
+    a = spawn(_exec("traced", "vm-a", ["sh", "-c", f"setsid sh {daemon} & sleep 1"]), env)
+    wait_for(lambda: pidfile.exists() and pidfile.read_text().strip(), what="the daemon")
+    daemon_pid = int(pidfile.read_text())
+    assert libc.ptrace(ptrace_seize, daemon_pid, None, None) == 0, ctypes.get_errno()
+    try:
+        _, stderr = a.communicate(timeout=30)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(daemon_pid, signal.SIGKILL)
+        with contextlib.suppress(ChildProcessError):
+            os.waitpid(daemon_pid, wall)  # as its tracer: lets it go
+    assert_clean(stderr)
+    assert (a.returncode, outcome(stderr)) == (1, "failed"), stderr
+    assert str(daemon_pid) in event(stderr, "descendants_not_stopped")["msg"]
+    assert "released" not in [e.get("event") for e in events(stderr)]
+    assert r.get(LEASE % "traced") is not None
+    assert int(r.pttl(LEASE % "traced")) > 0  # type: ignore[arg-type]
+    assert not r.keys("cron-runner:{default:traced}:slot:*")
+    (entry,) = r.xrange("cron-runner:{default:traced}:runs")  # type: ignore[misc]
+    assert entry[1]["outcome"] == "failed"
+    assert str(daemon_pid) in entry[1]["error"]
