@@ -335,3 +335,40 @@ def test_row1c_a_descendant_that_cannot_be_confirmed_stopped_keeps_the_lease(
     (entry,) = r.xrange("cron-runner:{default:traced}:runs")  # type: ignore[misc]
     assert entry[1]["outcome"] == "failed"
     assert str(daemon_pid) in entry[1]["error"]
+
+
+def test_row2b_runner_frozen_alone_its_supervisor_also_kills_what_left_the_group(
+    redis_server: RedisServer, r: redis.Redis, tmp_path: Path
+) -> None:
+    """The command has started a daemon outside its group. With the runner frozen, the
+    supervisor kills the command's group; the daemon, its parent gone, comes back to the frozen
+    runner (a subreaper), and the supervisor kills it there too, before the lease expires."""
+    ticks, pidfile, daemon = tmp_path / "ticks", tmp_path / "daemon.pid", tmp_path / "daemon.sh"
+    ticker = shlex.join(ticker_command(ticks, "d"))
+    daemon.write_text(f"echo $$ > {pidfile}\nexec {ticker} </dev/null >/dev/null 2>&1\n")
+    command = ["sh", "-c", f"setsid sh {daemon} & exec {shlex.join(ticker_command(ticks, 'a'))}"]
+    env = runner_env(redis_server.url, CRON_RUNNER_LEASE_TTL="1500ms")
+    a = spawn(_exec("half-frozen", "pod-a", command), env, start_new_session=True)
+    wait_for(lambda: read_ticks(ticks, "a") and read_ticks(ticks, "d"), what="A and its daemon")
+    daemon_pid = int(pidfile.read_text())
+    try:
+        os.killpg(a.pid, signal.SIGSTOP)
+        frozen_at = time.time()
+        expiry_not_before = frozen_at + int(r.pttl(LEASE % "half-frozen")) / 1000  # type: ignore[arg-type]
+        b, _ = start_when_free(
+            _exec("half-frozen", "pod-b", ticker_command(ticks, "b", seconds=0.5)), env, ticks, "b"
+        )
+        time.sleep(max(0.0, frozen_at + 2.5 - time.time()))
+        assert not _alive(daemon_pid), "the daemon outlived the frozen runner's lease"
+    finally:
+        os.killpg(a.pid, signal.SIGCONT)
+        if _alive(daemon_pid):
+            os.kill(daemon_pid, signal.SIGKILL)
+    _, a_err = a.communicate(timeout=30)
+    b.communicate(timeout=30)
+    assert (a.returncode, outcome(a_err)) == (LeaseLost.exit_code, "lease_lost"), a_err
+    first_b = min(t.t for t in read_ticks(ticks, "b"))
+    for label in ("a", "d"):
+        last = max(t.t for t in read_ticks(ticks, label))
+        assert last < expiry_not_before, label
+        assert last < first_b, label
