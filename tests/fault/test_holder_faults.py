@@ -128,7 +128,7 @@ def test_row1b_kill9_of_the_runner_alone_takes_its_command_with_it(
     )
 
 
-def test_row1c_a_daemon_that_left_the_process_group_is_stopped_before_the_release(
+def test_row1d_a_daemon_that_left_the_process_group_is_stopped_before_the_release(
     redis_server: RedisServer, tmp_path: Path, figure: Figure
 ) -> None:
     """`exec -- sh -c "setsid daemon & sleep 1"`: the daemon leaves the command's process
@@ -161,7 +161,7 @@ def test_row1c_a_daemon_that_left_the_process_group_is_stopped_before_the_releas
     overlap = overlap_ms(read_ticks(ticks, "a"), read_ticks(ticks, "b"))
     assert overlap < 0
     assert not [t for t in read_ticks(ticks, "a") if t.t > ended]
-    figure("1c", duplicates=0, overlap_ms=0, gap_ms=-overlap,
+    figure("1d", duplicates=0, overlap_ms=0, gap_ms=-overlap,
            exit_codes={"a": a.returncode, "b": b.returncode})  # fmt: skip
 
 
@@ -303,7 +303,7 @@ def test_row1b_kill9_of_the_runner_alone_takes_the_commands_whole_group(
             os.kill(grandchild, signal.SIGKILL)
 
 
-def test_row1c_a_descendant_that_cannot_be_confirmed_stopped_keeps_the_lease(
+def test_row1d_a_descendant_that_cannot_be_confirmed_stopped_keeps_the_lease(
     redis_server: RedisServer, r: redis.Redis, tmp_path: Path
 ) -> None:
     """A daemon traced by another process (an operator's strace or gdb) dies of the runner's
