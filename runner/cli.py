@@ -260,7 +260,9 @@ def cmd_exec(args: argparse.Namespace, settings: Settings) -> int:
             "exec: CRON_RUNNER_MODE=enqueue needs a registered task (cron-runner run TASK): "
             "workers run registered tasks, not commands"
         )
-    return _execute(settings, args.name, CommandTarget(argv), _command_definition(argv))
+    # This process runs nothing but the command: every other child it gets is the command's.
+    target = CommandTarget(argv, adopt_descendants=True)
+    return _execute(settings, args.name, target, _command_definition(argv))
 
 
 def _command_definition(argv: list[str]) -> str:

@@ -585,7 +585,7 @@ class Execution:
         # every other child is one (or the command's supervisor, which we may reap too). A
         # Python task's children are its own: reaping them would steal their exit codes from
         # its subprocess calls, so as PID 1 they wait till it ends.
-        reap_during = command is not None
+        reap_during = command is not None and (os.getpid() == 1 or command.adopting)
         keep_pid = command.pid if command is not None else None
         kill_at: float | None = None
         stop_reason: str | None = None

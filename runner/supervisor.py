@@ -93,7 +93,9 @@ def stop_adopted(
 class Supervisor:
     """The runner's side: fork the supervisor, push its deadline back, stop it."""
 
-    def __init__(self, pgid: int, deadline: float) -> None:
+    def __init__(self, pgid: int, deadline: float, *, kill_children: bool) -> None:
+        """``kill_children``: at the deadline, kill the runner's other children too (the
+        descendants back from outside the group), for a runner that is a subreaper."""
         self._lock = threading.Lock()
         read_fd, self._write_fd = os.pipe()
         os.set_blocking(self._write_fd, False)  # a stuck supervisor must not block the keeper
@@ -107,7 +109,7 @@ class Supervisor:
             try:
                 os.close(self._write_fd)
                 _detach(read_fd)
-                _watch(read_fd, pgid, runner, deadline)
+                _watch(read_fd, pgid, runner if kill_children else None, deadline)
             finally:
                 os._exit(0)
         os.close(read_fd)
@@ -149,7 +151,7 @@ def _detach(keep_fd: int) -> None:
         Path("/proc/self/comm").write_bytes(NAME)
 
 
-def _watch(read_fd: int, pgid: int, runner: int, deadline: float) -> None:
+def _watch(read_fd: int, pgid: int, runner: int | None, deadline: float) -> None:
     pending = b""
     while (left := deadline - time.monotonic()) > 0:
         ready, _, _ = select.select([read_fd], [], [], left)
@@ -170,6 +172,8 @@ def _watch(read_fd: int, pgid: int, runner: int, deadline: float) -> None:
     # Its other children are descendants of the command that left the group. A frozen runner
     # cannot reap them, so their pids cannot be reused under us; what each one killed leaves
     # behind comes to the runner too, hence the rounds.
+    if runner is None:
+        return
     me = os.getpid()
     for _ in range(50):
         alive = [pid for pid in children(runner) if pid != me and not _zombie(pid)]

@@ -93,8 +93,12 @@ class PythonTarget:
 
 
 class CommandTarget:
-    def __init__(self, argv: Sequence[str]) -> None:
+    def __init__(self, argv: Sequence[str], *, adopt_descendants: bool = False) -> None:
+        """``adopt_descendants``: this process is the runner alone (the CLI), so every other
+        child it has came from the command. Never in a process with children of its own: the
+        end of the run kills them all."""
         self.argv = list(argv)
+        self.adopt_descendants = adopt_descendants
         self.proc: subprocess.Popen[bytes] | None = None
         self._pidfd: int | None = None
         # (exit code, reason) when the command could not be started at all.
@@ -118,7 +122,7 @@ class CommandTarget:
         under_lease = self.lease_expires_at is not None
         # As PID 1 neither prctl is needed (see _die_with_parent, become_subreaper).
         prctl = _prctl() if sys.platform.startswith("linux") and os.getpid() != 1 else None
-        if under_lease:
+        if under_lease and self.adopt_descendants:
             # Before the start, so that what the command detaches at once comes back too.
             self._adopting = become_subreaper(prctl)
         # Its own process group, so that cancel and kill reach every process it starts,
@@ -137,7 +141,9 @@ class CommandTarget:
             return
         if self.lease_expires_at is not None:
             try:
-                self._supervisor = Supervisor(self.proc.pid, self.lease_expires_at)
+                self._supervisor = Supervisor(
+                    self.proc.pid, self.lease_expires_at, kill_children=self._adopting
+                )
             except OSError as exc:  # no process or descriptor left: the runner alone guards
                 ctx.logger.warning(
                     f"could not start the command's supervisor, running without it: {exc}",
@@ -156,6 +162,11 @@ class CommandTarget:
         supervisor = self._supervisor
         if supervisor is not None:
             supervisor.extend(expires_at)
+
+    @property
+    def adopting(self) -> bool:
+        """Orphans come to this process (a subreaper, or PID 1) and are the command's."""
+        return self._adopting
 
     @property
     def pid(self) -> int | None:
