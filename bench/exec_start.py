@@ -5,8 +5,10 @@ install's finder comes after it), so both use this venv's packages and differ on
 runner's own code. ``--before`` is a git revision, extracted with ``git archive`` into a
 temporary directory; ``--after`` is a directory (default: this checkout). The runs alternate,
 after one untimed warm-up of each, against one throwaway Redis; the medians are compared.
+Then the supervisor alone (runner/supervisor.py), which a whole start hides in its noise: its
+fork and its stop, timed in this process, which has imported what the runner imports.
 
-Run: ``.venv/bin/python bench/exec_start.py --before f0c67c9`` (``--help`` for options).
+Run: ``.venv/bin/python bench/exec_start.py --before main`` (``--help`` for options).
 """
 
 from __future__ import annotations
@@ -52,7 +54,7 @@ def timed_run(tree: Path, env: dict[str, str], cwd: str) -> float:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
-    parser.add_argument("--before", default="f0c67c9", help="git revision (default f0c67c9)")
+    parser.add_argument("--before", required=True, help="git revision, e.g. main")
     parser.add_argument("--after", type=Path, default=ROOT, help="source tree (default: here)")
     parser.add_argument("--runs", type=int, default=20, help="timed runs of each (>= 10)")
     args = parser.parse_args(argv)
@@ -84,7 +86,32 @@ def main(argv: list[str] | None = None) -> int:
         )
     before_ms, after_ms = (statistics.median(s) * 1000 for s in times_s.values())
     print(f"\nratio after / before = {after_ms / before_ms:.3f}")
+    print_supervisor_cost(runs=50)
     return 0
+
+
+def print_supervisor_cost(runs: int) -> None:
+    import runner.cli  # noqa: PLC0415 - the runner's modules, for a fork of its size
+    import runner.execution  # noqa: F401, PLC0415
+    from runner.supervisor import Supervisor  # noqa: PLC0415
+
+    command = subprocess.Popen(["sleep", "60"], process_group=0)
+    started_ms, stopped_ms = [], []
+    try:
+        for _ in range(runs):
+            t0 = time.perf_counter()
+            supervisor = Supervisor(command.pid, time.monotonic() + 60, kill_children=False)
+            t1 = time.perf_counter()
+            supervisor.stop()
+            started_ms.append((t1 - t0) * 1000)
+            stopped_ms.append((time.perf_counter() - t1) * 1000)
+    finally:
+        command.kill()
+        command.wait()
+    print(
+        f"supervisor, median of {runs}: start (fork) {statistics.median(started_ms):.2f} ms, "
+        f"stop {statistics.median(stopped_ms):.2f} ms"
+    )
 
 
 if __name__ == "__main__":
