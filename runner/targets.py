@@ -210,12 +210,11 @@ class CommandTarget:
         """The command is gone: stop what left its group, then the supervisor, which guards
         the lease until everything is confirmed stopped."""
         supervisor = self._supervisor
-        if supervisor is None:
-            return
         if self._adopting:
-            self.adopted, self.survivors = stop_adopted({supervisor.pid})
-        supervisor.stop()
-        self._supervisor = None
+            self.adopted, self.survivors = stop_adopted({supervisor.pid} if supervisor else set())
+        if supervisor is not None:
+            supervisor.stop()
+            self._supervisor = None
 
     def _close_pidfd(self) -> None:
         if self._pidfd is not None:
