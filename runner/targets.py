@@ -108,6 +108,7 @@ class CommandTarget:
         self.lease_expires_at: float | None = None
         self._supervisor: Supervisor | None = None
         self._adopting = False
+        self._ended = False
         self.adopted: set[int] = set()  # descendants that left the group, stopped at the end
         self.survivors: list[int] = []  # of those, the ones not confirmed stopped
 
@@ -209,6 +210,9 @@ class CommandTarget:
     def _stop_the_rest(self) -> None:
         """The command is gone: stop what left its group, then the supervisor, which guards
         the lease until everything is confirmed stopped."""
+        if self._ended:
+            return  # once: a second poll must not forget what the first one found
+        self._ended = True
         supervisor = self._supervisor
         if self._adopting:
             self.adopted, self.survivors = stop_adopted({supervisor.pid} if supervisor else set())
