@@ -32,7 +32,7 @@ EXIT_CODES = """exit codes:
        of the task or a newer protocol in Redis, a finish refused by the ACL or a key's type)
   126  exec: the command was found but cannot run (no execute bit, bad interpreter)
   127  exec: the command was not found
-  143  terminated by SIGTERM or SIGINT
+  143  stopped by SIGTERM, SIGINT, SIGHUP, SIGQUIT, SIGUSR1 or SIGUSR2
 """
 
 ENVIRONMENT = """environment (flags win over variables):
@@ -267,7 +267,9 @@ def cmd_exec(args: argparse.Namespace, settings: Settings) -> int:
             "exec: CRON_RUNNER_MODE=enqueue needs a registered task (cron-runner run TASK): "
             "workers run registered tasks, not commands"
         )
-    return _execute(settings, args.name, CommandTarget(argv), _command_definition(argv))
+    # This process runs nothing but the command: every other child it gets is the command's.
+    target = CommandTarget(argv, adopt_descendants=True)
+    return _execute(settings, args.name, target, _command_definition(argv))
 
 
 def _command_definition(argv: list[str]) -> str:

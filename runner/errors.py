@@ -15,7 +15,7 @@ EXIT_LEASE_LOST = 75  # EX_TEMPFAIL: the lease was lost during the run; a retry 
 EXIT_CONFIG = 78  # EX_CONFIG: a setting is wrong; retrying cannot help
 EXIT_CANNOT_EXECUTE = 126  # as timeout(1) and env(1): found but not runnable
 EXIT_NOT_FOUND = 127  # as timeout(1) and env(1): the command does not exist
-EXIT_TERMINATED = 143  # 128 + SIGTERM
+EXIT_TERMINATED = 143  # 128 + SIGTERM, for every stop signal
 
 
 class CronRunnerError(Exception):
@@ -114,7 +114,7 @@ class LeaseNotOwned(LeaseLost):
 
 
 class Terminated(CronRunnerError):
-    """SIGTERM or SIGINT stopped the run."""
+    """A stop signal (SIGTERM, SIGINT, SIGHUP, SIGQUIT, SIGUSR1, SIGUSR2) stopped the run."""
 
     exit_code = EXIT_TERMINATED
 

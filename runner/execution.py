@@ -20,6 +20,7 @@ from redis.exceptions import RedisError
 from runner import clock, slots
 from runner.errors import (
     EXIT_LEASE_LOST,
+    EXIT_TASK_FAILED,
     EXIT_TERMINATED,
     ConfigError,
     FinishIncomplete,
@@ -60,8 +61,21 @@ UNAVAILABLE = "unavailable"
 TOO_LATE = "too_late"  # a server's run that started past the starting deadline of its slot
 
 
+# Each asks the run to stop as SIGTERM does: the task stopped, the lease released, exit 143.
+# Left at their defaults, SIGHUP (a closed terminal or ssh session), SIGQUIT and SIGUSR1/2
+# would kill the runner on the spot and leave its command running and its lease held.
+STOP_SIGNALS = (
+    signal.SIGTERM,
+    signal.SIGINT,
+    signal.SIGHUP,
+    signal.SIGQUIT,
+    signal.SIGUSR1,
+    signal.SIGUSR2,
+)
+
+
 class Shutdown:
-    """SIGTERM/SIGINT set a flag; nothing else happens in the handler."""
+    """A stop signal (STOP_SIGNALS) sets a flag; nothing else happens in the handler."""
 
     def __init__(self) -> None:
         self.signum: int | None = None
@@ -76,9 +90,13 @@ class Shutdown:
         self.count += 1
 
     def install(self) -> Shutdown:
-        for sig in (signal.SIGTERM, signal.SIGINT):
+        for sig in STOP_SIGNALS:
             signal.signal(sig, self._handle)
         return self
+
+    @property
+    def name(self) -> str:
+        return signal.Signals(self.signum).name if self.signum else "a signal"
 
 
 class HolderAlive(NamedTuple):
@@ -447,9 +465,15 @@ class Execution:
             self.lease,
             ttl_s=self.settings.lease.ttl_s,
             confirmed_at=sent_at[0],
+            on_renewed=self._renewed,
             logger=keeper_logger(self.log),
         ).start()
         return self._finish_log(self._run_task(keeper, got.fence))
+
+    def _renewed(self) -> None:
+        """On the keeper's thread: the command's supervisor may wait till the new expiry."""
+        if isinstance(self.target, CommandTarget) and self.keeper is not None:
+            self.target.extend(self.keeper.expires_at)
 
     # -- a holder of the same slot --------------------------------------------------
 
@@ -617,12 +641,16 @@ class Execution:
             logger=self.log,
             lease_valid=lambda: not keeper.is_lost(),
         )
+        command = self.target if isinstance(self.target, CommandTarget) else None
+        if command is not None:
+            command.lease_expires_at = keeper.expires_at
         self.target.start(ctx)
-        # As PID 1, exited orphans are ours to reap. While a command runs, every other child
-        # is one (the command is our only child). A Python task's children are its own: reaping
-        # them would steal their exit codes from its subprocess calls, so they wait till it ends.
-        reap_during = os.getpid() == 1 and isinstance(self.target, CommandTarget)
-        keep_pid = self.target.pid if isinstance(self.target, CommandTarget) else None
+        # As PID 1 or a subreaper, exited orphans are ours to reap. While a command runs,
+        # every other child is one (or the command's supervisor, which we may reap too). A
+        # Python task's children are its own: reaping them would steal their exit codes from
+        # its subprocess calls, so as PID 1 they wait till it ends.
+        reap_during = command is not None and (os.getpid() == 1 or command.adopting)
+        keep_pid = command.pid if command is not None else None
         kill_at: float | None = None
         stop_reason: str | None = None
         while not self.target.poll(TICK_S):
@@ -650,6 +678,17 @@ class Execution:
                     self._abandon(keeper, stop_reason or LEASE_LOST)
                 self.log.warning("task killed", extra={"event": "killed"})
                 break
+        else:
+            if (
+                command is not None
+                and command.exit_code() == 128 + signal.SIGKILL
+                and clock.monotonic() >= keeper.expires_at
+            ):
+                # The supervisor got there first (a tick before us, or while we were frozen).
+                self.log.warning(
+                    "task killed by its supervisor at the lease's local expiry",
+                    extra={"event": "killed"},
+                )
         if os.getpid() == 1:
             reap_orphans(None)
         return stop_reason
@@ -674,6 +713,10 @@ class Execution:
         keeper.stop()
         code = self.target.exit_code()
         error = self.target.error()
+        if isinstance(self.target, CommandTarget) and self.target.adopted:
+            kept = self._adopted(self.target, code)
+            if kept is not None:
+                return kept
         if stop_reason == LEASE_LOST or keeper.is_lost():
             with self.observer.phase("release"):
                 self._release_quietly(LEASE_LOST, EXIT_LEASE_LOST, keeper.lost_reason)
@@ -681,12 +724,14 @@ class Execution:
         if stop_reason == TERMINATED:
             with self.observer.phase("release"):
                 self._release(TERMINATED, EXIT_TERMINATED, error)
-            return RunResult(TERMINATED, EXIT_TERMINATED, reason="terminated by signal")
+            return RunResult(TERMINATED, EXIT_TERMINATED, reason=f"stopped by {self.shutdown.name}")
         if code != 0:
             with self.observer.phase("release"):
                 self._release(FAILED, code, error)
             return RunResult(FAILED, code, reason=error)
-        done = getattr(self.target, "outcome", RAN)
+        return self._complete(getattr(self.target, "outcome", RAN))
+
+    def _complete(self, done: str) -> RunResult:
         # Only a completing run needs the retention: a CronJob pod's start stays free of croniter.
         self.lease.retention_ms = int(retention_s(self.settings, self.log) * 1000)
         try:
@@ -707,6 +752,25 @@ class Execution:
             return RunResult(done, exc.exit_code, reason=str(exc))
         self.log.info("released", extra={"event": "released"})
         return RunResult(done, 0)
+
+    def _adopted(self, command: CommandTarget, code: int) -> RunResult | None:
+        """Descendants left the command's group and came back to us: all were killed, or some
+        cannot be confirmed stopped, and then the lease is kept (it expires by its TTL) so that
+        no other holder starts beside them."""
+        pids = sorted(command.adopted)
+        if not command.survivors:
+            self.log.warning(
+                f"stopped {len(pids)} process(es) the command left outside its process group",
+                extra={"event": "descendants_stopped", "pids": pids},
+            )
+            return None
+        reason = (
+            f"processes the command left outside its process group could not be confirmed "
+            f"stopped: {command.survivors}; the lease is kept and expires by its TTL"
+        )
+        self.log.error(reason, extra={"event": "descendants_not_stopped"})
+        self._safe_record(FAILED, code or EXIT_TASK_FAILED, reason)
+        return RunResult(FAILED, code or EXIT_TASK_FAILED, reason=reason)
 
     # -- Redis writes at the end of a run ----------------------------------------
 

@@ -11,7 +11,8 @@ from typing import Any
 # Fields a run's log lines carry, in the order the text format shows them.
 RUN_FIELDS = ("task", "slot", "holder", "fence", "outcome", "duration_ms", "exit_code")
 _EXTRA_FIELDS = (*RUN_FIELDS, "event", "reason", "run_holder", "ttl_ms", "finished_at",
-                 "command", "message_id", "pid", "queue", "attempt", "delay_ms", "port")  # fmt: skip
+                 "command", "message_id", "pid", "pids", "queue", "attempt", "delay_ms",
+                 "port")  # fmt: skip
 
 
 def _fields(record: logging.LogRecord) -> dict[str, Any]:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import errno
 import logging
 import os
 import select
@@ -15,9 +16,11 @@ import subprocess
 import sys
 import threading
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Protocol
 
-from runner.errors import Cancelled
+from runner.errors import EXIT_CANNOT_EXECUTE, EXIT_NOT_FOUND, Cancelled
+from runner.supervisor import Supervisor, become_subreaper, stop_adopted
 from runner.tasks import RunContext, TaskFn
 
 log = logging.getLogger("runner")
@@ -90,10 +93,24 @@ class PythonTarget:
 
 
 class CommandTarget:
-    def __init__(self, argv: Sequence[str]) -> None:
+    def __init__(self, argv: Sequence[str], *, adopt_descendants: bool = False) -> None:
+        """``adopt_descendants``: this process is the runner alone (the CLI), so every other
+        child it has came from the command. Never in a process with children of its own: the
+        end of the run kills them all."""
         self.argv = list(argv)
+        self.adopt_descendants = adopt_descendants
         self.proc: subprocess.Popen[bytes] | None = None
         self._pidfd: int | None = None
+        # (exit code, reason) when the command could not be started at all.
+        self._not_started: tuple[int, str] | None = None
+        # Set by the run before start: the lease's local expiry, pushed back by ``extend``.
+        # With it, the command runs under the subreaper and the supervisor (runner.supervisor).
+        self.lease_expires_at: float | None = None
+        self._supervisor: Supervisor | None = None
+        self._adopting = False
+        self._ended = False
+        self.adopted: set[int] = set()  # descendants that left the group, stopped at the end
+        self.survivors: list[int] = []  # of those, the ones not confirmed stopped
 
     def start(self, ctx: RunContext) -> None:
         env = dict(os.environ)
@@ -103,15 +120,36 @@ class CommandTarget:
             CRON_RUNNER_SLOT="" if ctx.slot is None else str(ctx.slot),
             CRON_RUNNER_HOLDER=ctx.holder,
         )
+        under_lease = self.lease_expires_at is not None
+        # As PID 1 neither prctl is needed (see _die_with_parent, become_subreaper).
+        prctl = _prctl() if sys.platform.startswith("linux") and os.getpid() != 1 else None
+        if under_lease and self.adopt_descendants:
+            # Before the start, so that what the command detaches at once comes back too.
+            self._adopting = become_subreaper(prctl)
         # Its own process group, so that cancel and kill reach every process it starts,
         # and a terminal's Ctrl-C reaches only the runner, which then decides.
-        self.proc = subprocess.Popen(
-            # The hook makes one syscall and takes no lock, so the keeper thread is no hazard.
-            self.argv,
-            env=env,
-            process_group=0,
-            preexec_fn=_die_with_parent(),  # noqa: PLW1509
-        )
+        try:
+            self.proc = subprocess.Popen(
+                # The hook makes one syscall and takes no lock, so the keeper thread is no hazard.
+                self.argv,
+                env=env,
+                process_group=0,
+                preexec_fn=_die_with_parent(prctl),  # noqa: PLW1509
+            )
+        except OSError as exc:
+            # A failed run like any other (released, recorded), with the codes of env(1).
+            self._not_started = start_failure(self.argv[0], exc, env.get("PATH"))
+            return
+        if self.lease_expires_at is not None:
+            try:
+                self._supervisor = Supervisor(
+                    self.proc.pid, self.lease_expires_at, kill_children=self._adopting
+                )
+            except OSError as exc:  # no process or descriptor left: the runner alone guards
+                ctx.logger.warning(
+                    f"could not start the command's supervisor, running without it: {exc}",
+                    extra={"event": "supervisor_failed"},
+                )
         # Readable when the child exits: poll() wakes at once instead of sleeping in steps, as
         # Popen.wait(timeout) does (Linux >= 5.3; elsewhere that stepped wait is the fallback).
         try:
@@ -119,12 +157,25 @@ class CommandTarget:
         except (AttributeError, OSError):
             self._pidfd = None
 
+    def extend(self, expires_at: float) -> None:
+        """A renewal was confirmed: the lease's local expiry is now ``expires_at``."""
+        self.lease_expires_at = expires_at
+        supervisor = self._supervisor
+        if supervisor is not None:
+            supervisor.extend(expires_at)
+
     @property
-    def pid(self) -> int:
-        assert self.proc is not None
-        return self.proc.pid
+    def adopting(self) -> bool:
+        """Orphans come to this process (a subreaper, or PID 1) and are the command's."""
+        return self._adopting
+
+    @property
+    def pid(self) -> int | None:
+        return None if self.proc is None else self.proc.pid
 
     def poll(self, timeout_s: float) -> bool:
+        if self._not_started:
+            return True
         assert self.proc is not None
         if self._pidfd is not None:
             poller = select.poll()
@@ -140,17 +191,34 @@ class CommandTarget:
                 return False
         # The leader is gone: whatever it left behind in its group must not outlive the lease.
         self._signal_group(signal.SIGKILL)
+        self._stop_the_rest()
         return True
 
     def cancel(self) -> None:
         self._signal_group(signal.SIGTERM)
 
     def kill(self) -> bool:
+        if self._not_started:
+            return True
         self._signal_group(signal.SIGKILL)
         assert self.proc is not None
         self.proc.wait()
         self._close_pidfd()
+        self._stop_the_rest()
         return True
+
+    def _stop_the_rest(self) -> None:
+        """The command is gone: stop what left its group, then the supervisor, which guards
+        the lease until everything is confirmed stopped."""
+        if self._ended:
+            return  # once: a second poll must not forget what the first one found
+        self._ended = True
+        supervisor = self._supervisor
+        if self._adopting:
+            self.adopted, self.survivors = stop_adopted({supervisor.pid} if supervisor else set())
+        if supervisor is not None:
+            supervisor.stop()
+            self._supervisor = None
 
     def _close_pidfd(self) -> None:
         if self._pidfd is not None:
@@ -158,22 +226,66 @@ class CommandTarget:
             self._pidfd = None
 
     def _signal_group(self, sig: signal.Signals) -> None:
-        assert self.proc is not None
+        if self.proc is None:
+            return
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(self.proc.pid, sig)
 
     def exit_code(self) -> int:
+        if self._not_started:
+            return self._not_started[0]
         assert self.proc is not None and self.proc.returncode is not None
         code = self.proc.returncode
         # Killed by a signal: report it as a shell would (128 + signal number).
         return 128 - code if code < 0 else code
 
     def error(self) -> str | None:
+        if self._not_started:
+            return self._not_started[1]
         code = self.exit_code()
         return None if code == 0 else f"command exited with code {code}"
 
 
-def _die_with_parent() -> Callable[[], None] | None:
+def start_failure(command: str, exc: OSError, path: str | None) -> tuple[int, str]:
+    """The exit code and reason for a command that could not be started: 127 if there is no
+    such file, 126 if there is one that cannot run (as a shell, timeout(1) and env(1) say)."""
+    import shutil  # noqa: PLC0415 - only on this rare path
+
+    if exc.errno in (errno.ENOENT, errno.ENOTDIR):
+        found = command if "/" in command else shutil.which(command, mode=os.F_OK, path=path)
+        if not found or not Path(found).exists():
+            where = "" if "/" in command else " on PATH"
+            return EXIT_NOT_FOUND, f"command not found{where}: {command}"
+        # The file is there: execve's ENOENT is about the interpreter its #! line names.
+        return EXIT_CANNOT_EXECUTE, (
+            f"cannot execute {found}: its interpreter {_interpreter(found)!r} was not found"
+        )
+    return EXIT_CANNOT_EXECUTE, f"cannot execute {command}: {exc.strerror or exc}"
+
+
+def _interpreter(path: str) -> str:
+    try:
+        with Path(path).open("rb") as f:
+            first = f.readline(256)
+    except OSError:
+        return "?"
+    if not first.startswith(b"#!"):
+        return "?"
+    return first[2:].strip().split(b" ", 1)[0].decode(errors="replace") or "?"
+
+
+def _prctl() -> Callable[..., int] | None:
+    import ctypes  # noqa: PLC0415 - only where prctl is used
+
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        prctl: Callable[..., int] = libc.prctl
+    except (OSError, AttributeError):
+        return None
+    return prctl
+
+
+def _die_with_parent(prctl: Callable[..., int] | None) -> Callable[[], None] | None:
     """On Linux, the command gets SIGKILL when the runner dies (OOM killer, kill -9), so it
     cannot run on unsupervised while the lease expires and another holder starts.
 
@@ -184,14 +296,7 @@ def _die_with_parent() -> Callable[[], None] | None:
     process in its PID namespace. Skipping it there spares the ctypes import and lets Popen
     use vfork, which a pre-exec hook rules out.
     """
-    if not sys.platform.startswith("linux") or os.getpid() == 1:
-        return None
-    import ctypes  # noqa: PLC0415 - only where the hook is used
-
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        prctl = libc.prctl
-    except (OSError, AttributeError):
+    if prctl is None or os.getpid() == 1:
         return None
     pr_set_pdeathsig = 1
 

@@ -9,9 +9,11 @@ import time
 from pathlib import Path
 from typing import cast
 
+import pytest
 import redis
 
 from runner.devserver import RedisServer
+from runner.errors import Terminated
 from tests.helpers.proc import CRON_RUNNER, events, outcome, runner_env, side_effects, spawn
 from tests.helpers.wait import wait_for
 
@@ -184,3 +186,28 @@ def test_a_python_task_keeps_its_subprocess_codes_under_a_pid_1_runner(
     assert res.returncode == 0, res.stderr
     (line,) = effects.read_text().splitlines()
     assert line.split()[0] == "codes:7,5,3"
+
+
+@pytest.mark.parametrize("sig", ["SIGHUP", "SIGQUIT", "SIGUSR1", "SIGUSR2"])
+def test_other_stop_signals_stop_the_command_and_release_like_sigterm(
+    redis_server: RedisServer, r: redis.Redis, tmp_path: Path, sig: str
+) -> None:
+    # Left at their defaults these killed the runner alone (exit 129, 131, 138, 140): the
+    # command ran on, orphaned, and the lease stayed held until its TTL.
+    pidfile = tmp_path / "child.pid"
+    script = f"echo $$ > {pidfile}; sleep 60 & wait"
+    env = runner_env(redis_server.url, CRON_RUNNER_SHUTDOWN_GRACE="2s")
+    proc = spawn(["exec", "--name", "sig", "--", "sh", "-c", script], env)
+    wait_for(lambda: pidfile.exists() and pidfile.read_text().strip(), what="child start")
+    child_pgid = int(pidfile.read_text())
+    proc.send_signal(getattr(signal, sig))
+    _, stderr = proc.communicate(timeout=30)
+    assert proc.returncode == Terminated.exit_code, stderr
+    assert outcome(stderr) == "terminated"
+    assert "Traceback" not in stderr
+    assert "released" in [e.get("event") for e in events(stderr)]
+    assert f"stopped by {sig}" in stderr
+    assert r.get(LEASE % "sig") is None
+    assert not _group_alive(child_pgid)
+    (entry,) = r.xrange("cron-runner:{default:sig}:runs")  # type: ignore[misc]
+    assert entry[1]["outcome"] == "terminated"

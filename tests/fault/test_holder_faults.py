@@ -8,14 +8,19 @@ retries would be, until it takes over.
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
 import os
+import shlex
 import signal
 import time
 from pathlib import Path
 
+import pytest
 import redis
 
 from runner.devserver import RedisServer
+from runner.errors import LeaseLost
 from tests.fault.common import (
     LEASE,
     assert_clean,
@@ -28,8 +33,8 @@ from tests.fault.common import (
     start_when_free,
 )
 from tests.fault.conftest import Figure
-from tests.helpers.proc import outcome, runner_env, spawn
-from tests.helpers.ticker import children, read_ticks, ticker_command
+from tests.helpers.proc import events, outcome, run, runner_env, spawn
+from tests.helpers.ticker import command_of, read_ticks, supervisor_of, ticker_command
 from tests.helpers.wait import wait_for
 
 
@@ -53,7 +58,7 @@ def test_row1_kill9_of_the_holder_next_run_takes_over_after_the_ttl_never_before
     env = runner_env(redis_server.url, CRON_RUNNER_LEASE_TTL="2s")
     a = spawn(_exec("k9", "pod-a", ticker_command(ticks, "a")), env)
     wait_for(lambda: read_ticks(ticks, "a"), what="A's task to start")
-    (child,) = children(a.pid)
+    child = command_of(a.pid)
 
     # The pod dies: the runner and its task, at once (a container's processes die with it).
     os.killpg(child, signal.SIGKILL)
@@ -94,7 +99,7 @@ def test_row1b_kill9_of_the_runner_alone_takes_its_command_with_it(
     env = runner_env(redis_server.url, CRON_RUNNER_LEASE_TTL="1500ms")
     a = spawn(_exec("orphan", "vm-a", ticker_command(ticks, "a", sink=sink)), env)
     wait_for(lambda: read_ticks(ticks, "a"), what="A's task to start")
-    (child,) = children(a.pid)
+    child = command_of(a.pid)
     a.kill()
     a.wait(timeout=10)
     try:
@@ -123,26 +128,62 @@ def test_row1b_kill9_of_the_runner_alone_takes_its_command_with_it(
     )
 
 
-def _freeze_and_take_over(
-    redis_server: RedisServer,
-    tmp_path: Path,
-    name: str,
-    *,
-    freeze_child: bool,
-) -> dict[str, object]:
+def test_row1d_a_daemon_that_left_the_process_group_is_stopped_before_the_release(
+    redis_server: RedisServer, tmp_path: Path, figure: Figure
+) -> None:
+    """`exec -- sh -c "setsid daemon & sleep 1"`: the daemon leaves the command's process
+    group, so killing the group misses it. The runner is a child subreaper: the daemon comes
+    back to it when its shell exits, and is stopped before the lease is released."""
+    ticks, pidfile = tmp_path / "ticks", tmp_path / "daemon.pid"
+    daemon = tmp_path / "daemon.sh"
+    # Its output elsewhere, as a daemon's: the runner's stderr pipe closes when the runner exits.
+    ticker = shlex.join(ticker_command(ticks, "a"))
+    daemon.write_text(f"echo $$ > {pidfile}\nexec {ticker} </dev/null >/dev/null 2>&1\n")
+    env = runner_env(redis_server.url)
+    command = ["sh", "-c", f"setsid sh {daemon} & sleep 1"]
+    try:
+        a = run(_exec("daemon", "vm-a", command), env)
+        ended = time.time()
+        daemon_pid = int(pidfile.read_text())
+        assert_clean(a.stderr)
+        assert (a.returncode, outcome(a.stderr)) == (0, "ran"), a.stderr
+        assert read_ticks(ticks, "a"), "the daemon never started"
+        assert not _alive(daemon_pid), "the daemon outlived its runner"
+        released_at = event_time(a.stderr, "released")
+        # The log's ts is truncated to the ms.
+        assert max(t.t for t in read_ticks(ticks, "a")) < released_at + 0.001
+        assert daemon_pid in event(a.stderr, "descendants_stopped")["pids"]
+        b = run(_exec("daemon", "vm-b", ticker_command(ticks, "b", seconds=0.3)), env)
+    finally:
+        if pidfile.exists() and _alive(int(pidfile.read_text())):
+            os.kill(int(pidfile.read_text()), signal.SIGKILL)
+    assert (b.returncode, outcome(b.stderr)) == (0, "ran"), b.stderr
+    overlap = overlap_ms(read_ticks(ticks, "a"), read_ticks(ticks, "b"))
+    assert overlap < 0
+    assert not [t for t in read_ticks(ticks, "a") if t.t > ended]
+    figure("1d", duplicates=0, overlap_ms=0, gap_ms=-overlap,
+           exit_codes={"a": a.returncode, "b": b.returncode})  # fmt: skip
+
+
+def test_row2_holder_frozen_past_its_ttl_wakes_into_a_new_holder_and_exits_4(
+    redis_server: RedisServer, tmp_path: Path, figure: Figure
+) -> None:
+    """The whole holder is frozen (a paused VM or pod: runner, supervisor and task together).
+    On SIGCONT the runner sees its deadline passed and kills the task within its supervision
+    tick."""
     ticks, sink = tmp_path / "ticks", tmp_path / "sink.db"
     env = runner_env(redis_server.url, CRON_RUNNER_LEASE_TTL="1500ms")
     a = spawn(
-        _exec(name, "pod-a", ticker_command(ticks, "a", sink=sink)), env, start_new_session=True
+        _exec("frozen", "pod-a", ticker_command(ticks, "a", sink=sink)), env, start_new_session=True
     )
     wait_for(lambda: read_ticks(ticks, "a"), what="A's task to start")
-    (child,) = children(a.pid)
-    os.killpg(a.pid, signal.SIGSTOP)
-    if freeze_child:
-        os.killpg(child, signal.SIGSTOP)
+    child, supervisor = command_of(a.pid), supervisor_of(a.pid)
+    groups = (a.pid, supervisor, child)
+    for group in groups:
+        os.killpg(group, signal.SIGSTOP)
     try:
         b, outcomes = start_when_free(
-            _exec(name, "pod-b", ticker_command(ticks, "b", seconds=1.5, sink=sink)),
+            _exec("frozen", "pod-b", ticker_command(ticks, "b", seconds=1.5, sink=sink)),
             env,
             ticks,
             "b",
@@ -151,53 +192,183 @@ def _freeze_and_take_over(
         time.sleep(0.2)  # B is running: A wakes into it
         resumed_at = time.time()
     finally:
-        if freeze_child:
-            os.killpg(child, signal.SIGCONT)
-        os.killpg(a.pid, signal.SIGCONT)
+        for group in reversed(groups):
+            os.killpg(group, signal.SIGCONT)
     _, a_err = a.communicate(timeout=30)
     _, b_err = b.communicate(timeout=30)
     assert_clean(a_err)
     assert_clean(b_err)
-    assert (a.returncode, outcome(a_err)) == (75, "lease_lost"), a_err
+    assert (a.returncode, outcome(a_err)) == (LeaseLost.exit_code, "lease_lost"), a_err
     assert (b.returncode, outcome(b_err)) == (0, "ran"), b_err
     assert not _alive(child)
-    a_ticks, b_ticks = read_ticks(ticks, "a"), read_ticks(ticks, "b")
+    a_ticks = read_ticks(ticks, "a")
     assert stale_writes_accepted(sink, "a", "b") == 0
     assert [f for _, f in sink_writes(sink)] == sorted(f for _, f in sink_writes(sink))
     after_resume = [t for t in a_ticks if t.t >= resumed_at]
     # Side effects of A while B ran: with A's task frozen too, only those after the resume.
-    overlap = (
-        round((max(t.t for t in after_resume) - resumed_at) * 1000, 1)
-        if freeze_child and after_resume
-        else max(overlap_ms(a_ticks, b_ticks), 0)
-    )
-    return {
-        "overlap_ms": overlap,
-        "a_ticks_after_resume": len(after_resume),
-        "stale_writes_rejected": sum(t.outcome == "rejected" for t in a_ticks),
-        "exit_codes": {"a": a.returncode, "b": b.returncode},
-    }
-
-
-def test_row2_holder_frozen_past_its_ttl_wakes_into_a_new_holder_and_exits_4(
-    redis_server: RedisServer, tmp_path: Path, figure: Figure
-) -> None:
-    """The whole holder is frozen (a paused VM or pod: runner and task together). On SIGCONT
-    the runner sees its deadline passed and kills the task within its supervision tick."""
-    seen = _freeze_and_take_over(redis_server, tmp_path, "frozen", freeze_child=True)
     # The documented kill latency: one supervision tick (50 ms) plus signal delivery and
     # scheduling; the bound only catches a runner that did not stop its task at all.
-    assert float(seen["overlap_ms"]) <= 1000, seen  # type: ignore[arg-type]
-    figure("2", duplicates=0, **seen)
+    overlap = round((max(t.t for t in after_resume) - resumed_at) * 1000, 1) if after_resume else 0
+    assert overlap <= 1000
+    figure(
+        "2",
+        duplicates=0,
+        overlap_ms=overlap,
+        a_ticks_after_resume=len(after_resume),
+        stale_writes_rejected=sum(t.outcome == "rejected" for t in a_ticks),
+        exit_codes={"a": a.returncode, "b": b.returncode},
+    )
 
 
-def test_row2b_runner_frozen_but_not_its_child_the_fence_keeps_the_child_out(
-    redis_server: RedisServer, tmp_path: Path, figure: Figure
+@pytest.mark.parametrize("past_ttl_s", [1, 10])
+def test_row2b_runner_frozen_alone_its_supervisor_kills_the_command_before_the_lease_expires(
+    redis_server: RedisServer, r: redis.Redis, tmp_path: Path, figure: Figure, past_ttl_s: int
 ) -> None:
-    """Only the runner's process group is stopped: its command runs on, unsupervised, while
-    a second holder runs. The overlap lasts as long as the freeze; the fence rejects the stale
-    writes (docs/reliability.md, Limits)."""
-    seen = _freeze_and_take_over(redis_server, tmp_path, "half-frozen", freeze_child=False)
-    assert float(seen["overlap_ms"]) > 0  # type: ignore[arg-type]
-    assert int(seen["stale_writes_rejected"]) > 0  # type: ignore[call-overload]
-    figure("2b", duplicates=1, **seen)
+    """Only the runner's process group is stopped, for 1 s or 10 s past the TTL: its command
+    would run on, unsupervised, beside the next holder for as long as the freeze lasts. The
+    supervisor kills it at the lease's local expiry, which the frozen runner cannot push back,
+    before the lease can expire in Redis; so before any second holder starts."""
+    ttl_s = 1.5
+    ticks, sink = tmp_path / "ticks", tmp_path / "sink.db"
+    env = runner_env(redis_server.url, CRON_RUNNER_LEASE_TTL=f"{int(ttl_s * 1000)}ms")
+    a = spawn(
+        _exec("half-frozen", "pod-a", ticker_command(ticks, "a", sink=sink)),
+        env,
+        start_new_session=True,
+    )
+    wait_for(lambda: read_ticks(ticks, "a"), what="A's task to start")
+    child = command_of(a.pid)
+    os.killpg(a.pid, signal.SIGSTOP)
+    frozen_at = time.time()
+    # Redis lets the lease go no earlier than this (a renewal in flight only moves it later).
+    expiry_not_before = frozen_at + int(r.pttl(LEASE % "half-frozen")) / 1000  # type: ignore[arg-type]
+    try:
+        b, outcomes = start_when_free(
+            _exec("half-frozen", "pod-b", ticker_command(ticks, "b", seconds=1.0, sink=sink)),
+            env,
+            ticks,
+            "b",
+        )
+        assert set(outcomes) <= {"skipped_held"}, outcomes
+        time.sleep(max(0.0, frozen_at + ttl_s + past_ttl_s - time.time()))
+    finally:
+        os.killpg(a.pid, signal.SIGCONT)
+    frozen_s = time.time() - frozen_at
+    _, a_err = a.communicate(timeout=30)
+    _, b_err = b.communicate(timeout=30)
+    assert_clean(a_err)
+    assert_clean(b_err)
+    assert (a.returncode, outcome(a_err)) == (LeaseLost.exit_code, "lease_lost"), a_err
+    assert (b.returncode, outcome(b_err)) == (0, "ran"), b_err
+    assert not _alive(child)
+    assert "task killed by its supervisor" in a_err
+    a_ticks, b_ticks = read_ticks(ticks, "a"), read_ticks(ticks, "b")
+    last_a = max(t.t for t in a_ticks)
+    assert last_a < expiry_not_before
+    overlap = overlap_ms(a_ticks, b_ticks)
+    assert overlap < 0, "A's command ran beside B"
+    assert stale_writes_accepted(sink, "a", "b") == 0
+    assert not [t for t in a_ticks if t.outcome == "rejected"]
+    figure(
+        f"2b-{past_ttl_s}s",
+        duplicates=0,
+        overlap_ms=0,
+        gap_ms=-overlap,
+        frozen_ms=round(frozen_s * 1000),
+        killed_before_expiry_ms=round((expiry_not_before - last_a) * 1000, 1),
+        exit_codes={"a": a.returncode, "b": b.returncode},
+    )
+
+
+def test_row1b_kill9_of_the_runner_alone_takes_the_commands_whole_group(
+    redis_server: RedisServer, tmp_path: Path
+) -> None:
+    """PR_SET_PDEATHSIG reaches the command's first process only; what it forked, in its
+    group, ran on after the runner died. The supervisor sees the runner's end of its pipe
+    close and kills the group."""
+    pidfile = tmp_path / "sleep.pid"
+    env = runner_env(redis_server.url)
+    script = f"sleep 60 </dev/null >/dev/null 2>&1 & echo $! > {pidfile}; wait"
+    a = spawn(_exec("group", "vm-a", ["sh", "-c", script]), env)
+    wait_for(lambda: pidfile.exists() and pidfile.read_text().strip(), what="the command's child")
+    grandchild = int(pidfile.read_text())
+    a.kill()
+    a.communicate(timeout=10)
+    try:
+        wait_for(
+            lambda: not _alive(grandchild), timeout_s=5, what="the group to die with the runner"
+        )
+    finally:
+        if _alive(grandchild):
+            os.kill(grandchild, signal.SIGKILL)
+
+
+def test_row1d_a_descendant_that_cannot_be_confirmed_stopped_keeps_the_lease(
+    redis_server: RedisServer, r: redis.Redis, tmp_path: Path
+) -> None:
+    """A daemon traced by another process (an operator's strace or gdb) dies of the runner's
+    SIGKILL, but its parent cannot reap it, so cannot confirm it gone, until the tracer lets
+    go. Then the runner keeps the lease (no release, no marker) and lets it expire by its TTL."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    ptrace_seize, wall = 0x4206, 0x40000000
+    pidfile, daemon = tmp_path / "daemon.pid", tmp_path / "daemon.sh"
+    daemon.write_text(f"echo $$ > {pidfile}\nexec sleep 60 </dev/null >/dev/null 2>&1\n")
+    env = runner_env(redis_server.url, CRON_RUNNER_SCHEDULE="0 0 * * *")
+    a = spawn(_exec("traced", "vm-a", ["sh", "-c", f"setsid sh {daemon} & sleep 1"]), env)
+    wait_for(lambda: pidfile.exists() and pidfile.read_text().strip(), what="the daemon")
+    daemon_pid = int(pidfile.read_text())
+    assert libc.ptrace(ptrace_seize, daemon_pid, None, None) == 0, ctypes.get_errno()
+    try:
+        _, stderr = a.communicate(timeout=30)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(daemon_pid, signal.SIGKILL)
+        with contextlib.suppress(ChildProcessError):
+            os.waitpid(daemon_pid, wall)  # as its tracer: lets it go
+    assert_clean(stderr)
+    assert (a.returncode, outcome(stderr)) == (1, "failed"), stderr
+    assert str(daemon_pid) in event(stderr, "descendants_not_stopped")["msg"]
+    assert "released" not in [e.get("event") for e in events(stderr)]
+    assert r.get(LEASE % "traced") is not None
+    assert int(r.pttl(LEASE % "traced")) > 0  # type: ignore[arg-type]
+    assert not r.keys("cron-runner:{default:traced}:slot:*")
+    (entry,) = r.xrange("cron-runner:{default:traced}:runs")  # type: ignore[misc]
+    assert entry[1]["outcome"] == "failed"
+    assert str(daemon_pid) in entry[1]["error"]
+
+
+def test_row2b_runner_frozen_alone_its_supervisor_also_kills_what_left_the_group(
+    redis_server: RedisServer, r: redis.Redis, tmp_path: Path
+) -> None:
+    """The command has started a daemon outside its group. With the runner frozen, the
+    supervisor kills the command's group; the daemon, its parent gone, comes back to the frozen
+    runner (a subreaper), and the supervisor kills it there too, before the lease expires."""
+    ticks, pidfile, daemon = tmp_path / "ticks", tmp_path / "daemon.pid", tmp_path / "daemon.sh"
+    ticker = shlex.join(ticker_command(ticks, "d"))
+    daemon.write_text(f"echo $$ > {pidfile}\nexec {ticker} </dev/null >/dev/null 2>&1\n")
+    command = ["sh", "-c", f"setsid sh {daemon} & exec {shlex.join(ticker_command(ticks, 'a'))}"]
+    env = runner_env(redis_server.url, CRON_RUNNER_LEASE_TTL="1500ms")
+    a = spawn(_exec("half-frozen", "pod-a", command), env, start_new_session=True)
+    wait_for(lambda: read_ticks(ticks, "a") and read_ticks(ticks, "d"), what="A and its daemon")
+    daemon_pid = int(pidfile.read_text())
+    try:
+        os.killpg(a.pid, signal.SIGSTOP)
+        frozen_at = time.time()
+        expiry_not_before = frozen_at + int(r.pttl(LEASE % "half-frozen")) / 1000  # type: ignore[arg-type]
+        b, _ = start_when_free(
+            _exec("half-frozen", "pod-b", ticker_command(ticks, "b", seconds=0.5)), env, ticks, "b"
+        )
+        time.sleep(max(0.0, frozen_at + 2.5 - time.time()))
+        assert not _alive(daemon_pid), "the daemon outlived the frozen runner's lease"
+    finally:
+        os.killpg(a.pid, signal.SIGCONT)
+        if _alive(daemon_pid):
+            os.kill(daemon_pid, signal.SIGKILL)
+    _, a_err = a.communicate(timeout=30)
+    b.communicate(timeout=30)
+    assert (a.returncode, outcome(a_err)) == (LeaseLost.exit_code, "lease_lost"), a_err
+    first_b = min(t.t for t in read_ticks(ticks, "b"))
+    for label in ("a", "d"):
+        last = max(t.t for t in read_ticks(ticks, label))
+        assert last < expiry_not_before, label
+        assert last < first_b, label

@@ -72,6 +72,29 @@ def children(pid: int) -> list[int]:
     return found
 
 
+def _comm(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/comm").read_text().strip()
+    except OSError:
+        return ""
+
+
+def supervisor_of(runner_pid: int) -> int:
+    """The pid of the supervisor ``cron-runner exec`` forks beside its command."""
+    from runner.supervisor import NAME  # noqa: PLC0415 - the helper also runs as a script
+
+    (pid,) = [c for c in children(runner_pid) if _comm(c) == NAME.decode()]
+    return pid
+
+
+def command_of(runner_pid: int) -> int:
+    """The pid of the command ``cron-runner exec`` runs: its child that is not the supervisor."""
+    from runner.supervisor import NAME  # noqa: PLC0415
+
+    (pid,) = [c for c in children(runner_pid) if _comm(c) != NAME.decode()]
+    return pid
+
+
 def fenced_write(db: sqlite3.Connection, label: str, fence: int, t: float) -> bool:
     """One transaction: accepted only if no write with a higher fence came before."""
     with db:

@@ -12,6 +12,7 @@ import pytest
 import redis
 
 from runner.devserver import RedisServer, free_port
+from runner.errors import EXIT_CANNOT_EXECUTE, EXIT_NOT_FOUND
 from tests.helpers.proc import CRON_RUNNER, events, outcome, run, runner_env, side_effects, spawn
 from tests.helpers.wait import wait_for
 
@@ -221,3 +222,48 @@ def test_a_schedule_the_runner_cannot_read_does_not_fail_a_run_that_ran(
     assert r.get(LEASE % "ok") is None
     again = run(["run", "ok"], env)
     assert (again.returncode, outcome(again.stderr)) == (0, "skipped_done")
+
+
+def _not_runnable(tmp_path: Path, kind: str) -> tuple[list[str], int]:
+    if kind == "missing-path":
+        return [str(tmp_path / "no" / "such" / "binary")], EXIT_NOT_FOUND
+    if kind == "missing-on-path":
+        return ["cron-runner-no-such-command"], EXIT_NOT_FOUND
+    script = tmp_path / "job.sh"
+    if kind == "no-execute-bit":
+        script.write_text("#!/bin/sh\necho ran\n")
+        script.chmod(0o644)
+    else:  # a #! interpreter that does not exist
+        script.write_text(f"#!{tmp_path}/no-such-interpreter\necho ran\n")
+        script.chmod(0o755)
+    return [str(script)], EXIT_CANNOT_EXECUTE
+
+
+@pytest.mark.parametrize(
+    "kind", ["missing-path", "missing-on-path", "no-execute-bit", "missing-interpreter"]
+)
+def test_a_command_that_cannot_start_fails_the_run_releases_and_a_retry_runs(
+    redis_server: RedisServer, r: redis.Redis, tmp_path: Path, kind: str
+) -> None:
+    # Before: a traceback, exit 1, the lease left held for its TTL, no run recorded, and the
+    # Job's retry skipped ("another holder has the lease"): the slot was lost.
+    argv, code = _not_runnable(tmp_path, kind)
+    env = runner_env(redis_server.url, CRON_RUNNER_SCHEDULE="0 0 * * *")
+    args = ["exec", "--name", "nb", "--", *argv]
+    first = run(args, env)
+    assert first.returncode == code, first.stderr
+    assert "Traceback" not in first.stderr
+    assert outcome(first.stderr) == "failed"
+    assert r.get(LEASE % "nb") is None
+    assert not r.keys("cron-runner:{default:nb}:slot:*")
+    (entry,) = r.xrange("cron-runner:{default:nb}:runs")  # type: ignore[misc]
+    fields = entry[1]
+    assert (fields["outcome"], fields["exit_code"]) == ("failed", str(code))
+    assert argv[0] in fields["error"]
+    state = cast(dict[str, str], r.hgetall("cron-runner:{default:nb}:state"))
+    assert state["last_failure_exit_code"] == str(code)
+
+    retry = run(args, env)  # at once: the lease is free and the slot still open
+    assert retry.returncode == code, retry.stderr
+    assert outcome(retry.stderr) == "failed"
+    assert r.xlen("cron-runner:{default:nb}:runs") == 2
