@@ -3,6 +3,8 @@ runner's log lines and the tasks' ticks, and the checks every row makes."""
 
 from __future__ import annotations
 
+import os
+import signal
 import sqlite3
 import subprocess
 import time
@@ -99,3 +101,40 @@ def stale_writes_accepted(sink: Path, stale: str, newer: str) -> int:
     if newer not in labels:
         return 0
     return labels[labels.index(newer) :].count(stale)
+
+
+def _stopped(pid: int) -> bool:
+    with open(f"/proc/{pid}/stat") as stat:
+        return stat.read().rsplit(")", 1)[1].split()[0] in ("T", "t")
+
+
+def _sink_write_locked(sink: Path) -> bool:
+    db = sqlite3.connect(sink, timeout=0, isolation_level=None)
+    try:
+        db.execute("BEGIN IMMEDIATE")
+        db.execute("ROLLBACK")
+        return False
+    except sqlite3.OperationalError:
+        return True
+    finally:
+        db.close()
+
+
+def freeze_outside_a_sink_write(groups: tuple[int, ...], writer: int, sink: Path) -> None:
+    """SIGSTOP every group at a moment the writer holds no write lock on the sink.
+
+    A writer frozen inside its transaction would block every later writer for as long as it is
+    frozen: that is SQLite's lock, not the fault under test, and under load it made the next
+    holder's task fail with 'database is locked'."""
+    for _ in range(200):
+        for group in groups:
+            os.killpg(group, signal.SIGSTOP)
+        deadline = time.monotonic() + 5
+        while not _stopped(writer) and time.monotonic() < deadline:
+            time.sleep(0.005)
+        if _stopped(writer) and not _sink_write_locked(sink):
+            return
+        for group in reversed(groups):
+            os.killpg(group, signal.SIGCONT)
+        time.sleep(0.01)
+    raise AssertionError("could not freeze the holder outside a write to its sink")

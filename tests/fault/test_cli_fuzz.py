@@ -51,7 +51,9 @@ NASTY = ["\u0661\u0662", "\uff13\uff10s", "\u0967\u0966m", "\u00b2", "9" * 30, "
          "0x10", "1_000", "\x1b[2J", "a\x00b", "\r\n", "\u202e", "\udcff", "", " "]  # fmt: skip
 values = st.one_of(
     st.sampled_from(EDGES + NASTY),
-    st.text(st.characters(exclude_characters="\x00"), max_size=30),
+    # No lone surrogates: an environment holds bytes, so only the surrogateescape range
+    # (\udc80-\udcff, an undecodable byte) can reach the runner, and NASTY has one of those.
+    st.text(st.characters(exclude_characters="\x00", exclude_categories=("Cs",)), max_size=30),
     st.integers(min_value=-(10**30), max_value=10**30).map(str),
 )
 

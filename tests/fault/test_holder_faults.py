@@ -26,6 +26,7 @@ from tests.fault.common import (
     assert_clean,
     event,
     event_time,
+    freeze_outside_a_sink_write,
     overlap_ms,
     run_until_ran,
     sink_writes,
@@ -179,8 +180,7 @@ def test_row2_holder_frozen_past_its_ttl_wakes_into_a_new_holder_and_exits_4(
     wait_for(lambda: read_ticks(ticks, "a"), what="A's task to start")
     child, supervisor = command_of(a.pid), supervisor_of(a.pid)
     groups = (a.pid, supervisor, child)
-    for group in groups:
-        os.killpg(group, signal.SIGSTOP)
+    freeze_outside_a_sink_write(groups, child, sink)
     try:
         b, outcomes = start_when_free(
             _exec("frozen", "pod-b", ticker_command(ticks, "b", seconds=1.5, sink=sink)),
