@@ -757,8 +757,10 @@ class Execution:
         """Descendants left the command's group and came back to us: all were killed, or some
         cannot be confirmed stopped, and then the lease is kept (it expires by its TTL) so that
         no other holder starts beside them."""
-        pids = sorted(command.adopted)
+        pids = sorted(command.outside)
         if not command.survivors:
+            if not pids:
+                return None  # only the group's own, killed with it
             self.log.warning(
                 f"stopped {len(pids)} process(es) the command left outside its process group",
                 extra={"event": "descendants_stopped", "pids": pids},
