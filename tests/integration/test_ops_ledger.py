@@ -113,7 +113,9 @@ def test_ack_needs_a_slot_or_all_and_a_readable_slot(redis_server: RedisServer) 
     from runner.errors import UsageError  # noqa: PLC0415
 
     plain = runner_env(redis_server.url)
-    for args, named in ((["ack", "hourly"], "--all"), (["ack", "hourly", "noon"], "SLOT")):
+    cases = ((["ack", "hourly"], "--all"), (["ack", "hourly", "noon"], "SLOT"),
+             (["ack", "hourly", "9" * 30], "SLOT"), (["ack", "hourly", "9999-12-31T23:59:59-12:00"], "SLOT"))  # fmt: skip
+    for args, named in cases:
         res = run(args, plain)
         assert res.returncode == UsageError.exit_code, res.stderr
         assert named in res.stderr
