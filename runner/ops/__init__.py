@@ -37,6 +37,17 @@ def _duration(value: str) -> float:
     return parse_duration(value, "--tolerance")
 
 
+def _heartbeat_ttl(value: str) -> float:
+    seconds = parse_duration(value, "--heartbeat-ttl")
+    if seconds < 1:
+        # A heartbeat that expires as it is written reads as a watchdog that never ran.
+        raise ConfigError(
+            f"--heartbeat-ttl={value!r} is too small: expected at least 1s, and above the "
+            "watchdog's own interval"
+        )
+    return seconds
+
+
 def _count(value: str) -> int:
     if not (value.isascii() and value.isdigit() and len(value) <= 9):
         raise ConfigError(
@@ -225,7 +236,7 @@ def add_commands(sub: Any, add_flags: AddFlags) -> None:
     )
     p.add_argument(
         "--heartbeat-ttl",
-        type=_duration,
+        type=_heartbeat_ttl,
         default=DEFAULT_HEARTBEAT_TTL,
         help="each run leaves a heartbeat that `status` and `serve` report missing after this "
         f"long (default {DEFAULT_HEARTBEAT_TTL}: keep it above the watchdog's own interval)",
