@@ -574,9 +574,13 @@ class Execution:
         return late_s if late_s > s.starting_deadline_s else None
 
     def _too_late(self, late_s: float) -> RunResult:
+        slots = self.settings.slots
         reason = (
             f"started {late_s:.0f}s after its slot, past the starting deadline of "
-            f"{self.settings.slots.starting_deadline_s:g}s (CRON_RUNNER_STARTING_DEADLINE): not run"
+            f"{slots.starting_deadline_s:g}s (CRON_RUNNER_STARTING_DEADLINE): not run. If cron "
+            f"fired it on time, its schedule is read in another time zone than {slots.timezone}: "
+            "a crontab fires in the server's local time, so give that zone with --timezone "
+            "(CRON_RUNNER_TIMEZONE)"
         )
         # Recorded in the run stream only: the state hash is the runs' (no fence was taken).
         self._safe_record(TOO_LATE, 0, reason, with_state=False)
@@ -876,7 +880,8 @@ class Execution:
 
     def _finish_log(self, result: RunResult) -> RunResult:
         level = logging.INFO if result.exit_code == 0 else logging.ERROR
-        if result.outcome == TERMINATED:
+        # too_late exits 0, yet the slot did not run: a line that is always late must show.
+        if result.outcome in (TERMINATED, TOO_LATE):
             level = logging.WARNING
         self.log.log(
             level,
