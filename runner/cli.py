@@ -228,8 +228,24 @@ def cmd_import(args: argparse.Namespace, settings: Settings) -> int:
         except (OSError, UnicodeDecodeError) as exc:
             raise ConfigError(f"import: cannot read {name}: {exc}") from exc
         docs.extend(adopt.load_documents(text, "stdin" if name == "-" else name))
+    if not docs:
+        # An empty `kubectl get ... -o yaml` (it failed, or found none) must not print values
+        # with no tasks: `helm upgrade` with them would remove every task of the release.
+        raise ConfigError(
+            f"import: no CronJob in {', '.join(args.files)}: expected one or more CronJob "
+            "manifests (batch/v1), or a List of them"
+        )
+    split: dict[str, list[str]] = {}
+    for flag, value in (("--entrypoint", args.entrypoint), ("--cmd", args.cmd)):
+        try:
+            split[flag] = shlex.split(value or "")
+        except ValueError as exc:
+            raise ConfigError(
+                f"import: {flag}={value!r} is not valid: {exc}; expected words as a shell "
+                "reads them, e.g. --cmd 'php artisan schedule:run'"
+            ) from exc
     values, namespace = adopt.cronjobs_to_values(
-        docs, entrypoint=shlex.split(args.entrypoint or ""), cmd=shlex.split(args.cmd or "")
+        docs, entrypoint=split["--entrypoint"], cmd=split["--cmd"]
     )
     sys.stdout.write(adopt.render_values(values, args.files, namespace))
     return 0

@@ -574,9 +574,13 @@ class Execution:
         return late_s if late_s > s.starting_deadline_s else None
 
     def _too_late(self, late_s: float) -> RunResult:
+        slots = self.settings.slots
         reason = (
             f"started {late_s:.0f}s after its slot, past the starting deadline of "
-            f"{self.settings.slots.starting_deadline_s:g}s (CRON_RUNNER_STARTING_DEADLINE): not run"
+            f"{slots.starting_deadline_s:g}s (CRON_RUNNER_STARTING_DEADLINE): not run. If cron "
+            f"fired it on time, its schedule is read in another time zone than {slots.timezone}: "
+            "a crontab fires in the server's local time, so give that zone with --timezone "
+            "(CRON_RUNNER_TIMEZONE)"
         )
         # Recorded in the run stream only: the state hash is the runs' (no fence was taken).
         self._safe_record(TOO_LATE, 0, reason, with_state=False)
@@ -757,8 +761,10 @@ class Execution:
         """Descendants left the command's group and came back to us: all were killed, or some
         cannot be confirmed stopped, and then the lease is kept (it expires by its TTL) so that
         no other holder starts beside them."""
-        pids = sorted(command.adopted)
+        pids = sorted(command.outside)
         if not command.survivors:
+            if not pids:
+                return None  # only the group's own, killed with it
             self.log.warning(
                 f"stopped {len(pids)} process(es) the command left outside its process group",
                 extra={"event": "descendants_stopped", "pids": pids},
@@ -874,7 +880,8 @@ class Execution:
 
     def _finish_log(self, result: RunResult) -> RunResult:
         level = logging.INFO if result.exit_code == 0 else logging.ERROR
-        if result.outcome == TERMINATED:
+        # too_late exits 0, yet the slot did not run: a line that is always late must show.
+        if result.outcome in (TERMINATED, TOO_LATE):
             level = logging.WARNING
         self.log.log(
             level,

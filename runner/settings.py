@@ -615,9 +615,21 @@ def _ping_url(src: _Source) -> str | None:
     if value is None:
         return None
     parts = urlsplit(value)
-    if parts.scheme not in ("http", "https") or not parts.netloc:
+    try:
+        port_ok = parts.port is None or parts.port > 0
+    except ValueError:
+        port_ok = False
+    # urllib sends no user:pass@ and no control character: such a URL would fail every ping.
+    if (
+        parts.scheme not in ("http", "https")
+        or not parts.hostname
+        or "@" in parts.netloc
+        or not port_ok
+        or any(c.isspace() or not c.isprintable() for c in value)
+    ):
         raise ConfigError(
-            f"{origin}={redact_url(value)!r} is not valid: expected an http:// or https:// URL, "
+            f"{origin}={redact_url(value)!r} is not valid: expected an http:// or https:// URL "
+            "with a host, no user:password@ and no spaces or control characters, "
             "e.g. https://hc-ping.com/UUID"
         )
     return value.rstrip("/")

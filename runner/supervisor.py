@@ -67,17 +67,24 @@ def _kill(pid: int) -> None:
 
 
 def stop_adopted(
-    exclude: set[int], timeout_s: float = STOP_CONFIRM_S
-) -> tuple[set[int], list[int]]:
-    """Kill and reap every child of ours but ``exclude``: descendants of the command that left
-    its group and came back to us. Repeats until none is left, since each one killed hands its
-    own children to us. Returns the pids stopped, and those not confirmed gone (reaped) within
-    ``timeout_s``."""
+    exclude: set[int], group: int, timeout_s: float = STOP_CONFIRM_S
+) -> tuple[set[int], list[int], set[int]]:
+    """Kill and reap every child of ours but ``exclude``: descendants of the command that came
+    back to us. Repeats until none is left, since each one killed hands its own children to us.
+    Returns the pids stopped, those not confirmed gone (reaped) within ``timeout_s``, and those
+    of the stopped that had left the command's process ``group``: members of the group, killed
+    with it, come back too when their parent dies first, and are no news."""
     deadline = time.monotonic() + timeout_s
     me = os.getpid()
     seen: set[int] = set()
+    outside: set[int] = set()
     while True:
         left = [pid for pid in children(me) if pid not in exclude]
+        for pid in set(left) - seen:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                # Before the reap below: a zombie still has its group.
+                if os.getpgid(pid) != group:
+                    outside.add(pid)
         seen.update(left)
         for pid in left:
             _kill(pid)
@@ -86,7 +93,7 @@ def stop_adopted(
                 os.waitpid(pid, os.WNOHANG)
         left = [pid for pid in children(me) if pid not in exclude]
         if not left or time.monotonic() >= deadline:
-            return seen, left
+            return seen, left, outside
         time.sleep(0.01)
 
 

@@ -109,7 +109,8 @@ class CommandTarget:
         self._supervisor: Supervisor | None = None
         self._adopting = False
         self._ended = False
-        self.adopted: set[int] = set()  # descendants that left the group, stopped at the end
+        self.adopted: set[int] = set()  # descendants that came back to us, stopped at the end
+        self.outside: set[int] = set()  # of those, the ones that had left the command's group
         self.survivors: list[int] = []  # of those, the ones not confirmed stopped
 
     def start(self, ctx: RunContext) -> None:
@@ -215,7 +216,10 @@ class CommandTarget:
         self._ended = True
         supervisor = self._supervisor
         if self._adopting:
-            self.adopted, self.survivors = stop_adopted({supervisor.pid} if supervisor else set())
+            assert self.proc is not None
+            self.adopted, self.survivors, self.outside = stop_adopted(
+                {supervisor.pid} if supervisor else set(), self.proc.pid
+            )
         if supervisor is not None:
             supervisor.stop()
             self._supervisor = None

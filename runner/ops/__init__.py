@@ -37,6 +37,17 @@ def _duration(value: str) -> float:
     return parse_duration(value, "--tolerance")
 
 
+def _heartbeat_ttl(value: str) -> float:
+    seconds = parse_duration(value, "--heartbeat-ttl")
+    if seconds < 1:
+        # A heartbeat that expires as it is written reads as a watchdog that never ran.
+        raise ConfigError(
+            f"--heartbeat-ttl={value!r} is too small: expected at least 1s, and above the "
+            "watchdog's own interval"
+        )
+    return seconds
+
+
 def _count(value: str) -> int:
     if not (value.isascii() and value.isdigit() and len(value) <= 9):
         raise ConfigError(
@@ -82,23 +93,32 @@ def _max_runtime(value: str) -> tuple[str, float]:
     return task.strip(), seconds
 
 
+_LAST_SLOT = 253_402_300_799  # 9999-12-31T23:59:59Z
+
+
 def parse_slot(value: str) -> int:
     """A slot as epoch seconds, or as an ISO 8601 time (UTC unless it names an offset)."""
     from datetime import UTC, datetime  # noqa: PLC0415
 
+    bad = argparse.ArgumentTypeError(
+        f"SLOT {value[:60]!r} is not valid: expected epoch seconds (1767261600) or an ISO 8601 "
+        "time (2026-01-01T10:00:00Z) before the year 10000, as `status` and the watchdog list them"
+    )
     text = value.strip()
     if text.isascii() and text.isdigit():
-        return int(text)
-    try:
-        when = datetime.fromisoformat(text.replace("Z", "+00:00").replace("z", "+00:00"))
-    except ValueError:
-        raise argparse.ArgumentTypeError(
-            f"SLOT {value!r} is not valid: expected epoch seconds (1767261600) or an ISO 8601 "
-            "time (2026-01-01T10:00:00Z), as `status` and the watchdog list them"
-        ) from None
-    if when.tzinfo is None:
-        when = when.replace(tzinfo=UTC)
-    return int(when.timestamp())
+        slot = int(text) if len(text) <= 12 else _LAST_SLOT + 1
+    else:
+        try:
+            when = datetime.fromisoformat(text.replace("Z", "+00:00").replace("z", "+00:00"))
+            if when.tzinfo is None:
+                when = when.replace(tzinfo=UTC)
+            slot = int(when.timestamp())
+        except (ValueError, OverflowError):
+            raise bad from None
+    # Beyond it a slot cannot be shown as a time (time_t, and datetime's year 9999).
+    if slot > _LAST_SLOT:
+        raise bad
+    return slot
 
 
 def _output_flag(p: argparse.ArgumentParser) -> None:
@@ -216,7 +236,7 @@ def add_commands(sub: Any, add_flags: AddFlags) -> None:
     )
     p.add_argument(
         "--heartbeat-ttl",
-        type=_duration,
+        type=_heartbeat_ttl,
         default=DEFAULT_HEARTBEAT_TTL,
         help="each run leaves a heartbeat that `status` and `serve` report missing after this "
         f"long (default {DEFAULT_HEARTBEAT_TTL}: keep it above the watchdog's own interval)",

@@ -369,6 +369,12 @@ BROKEN = [
 ]
 
 
+BROKEN += [
+    ("nothing at all", "", "import: no CronJob in -"),
+    ("an empty list", "apiVersion: v1\nkind: List\nitems: []\n", "import: no CronJob in -"),
+]
+
+
 @pytest.mark.parametrize(("manifest", "says"), [b[1:] for b in BROKEN], ids=[b[0] for b in BROKEN])
 def test_a_malformed_or_unsupported_manifest_exits_with_the_config_code_naming_the_field(
     manifest: str, says: str
@@ -378,6 +384,13 @@ def test_a_malformed_or_unsupported_manifest_exits_with_the_config_code_naming_t
     assert says in done.stderr
     assert "Traceback" not in done.stderr
     assert done.stdout == ""
+
+
+@pytest.mark.parametrize("flag", ["--entrypoint", "--cmd"])
+def test_an_unbalanced_quote_in_entrypoint_or_cmd_is_named(flag: str) -> None:
+    done = run_import("-", flag, "'php artisan", stdin=yaml.safe_dump(cronjob()))
+    assert done.returncode == ConfigError.exit_code, done.stderr
+    assert flag in done.stderr and "Traceback" not in done.stderr
 
 
 def test_an_unreadable_file_is_named() -> None:

@@ -53,6 +53,23 @@ def test_sigterm_command_ignoring_it_is_killed_after_grace(
     assert not _group_alive(child_pgid)
 
 
+def test_members_of_the_group_killed_with_it_are_not_reported_as_left_outside(
+    redis_server: RedisServer, tmp_path: Path
+) -> None:
+    # The shell dies first; its children, still in its group, come back to the subreaper as
+    # they die. They never left the group: no warning that they did.
+    pidfile = tmp_path / "child.pid"
+    script = f"trap '' TERM; echo $$ > {pidfile}; sleep 60 & sleep 60 & wait"
+    env = runner_env(redis_server.url, CRON_RUNNER_SHUTDOWN_GRACE="1s")
+    proc = spawn(["exec", "--name", "grouped", "--", "sh", "-c", script], env)
+    wait_for(lambda: pidfile.exists() and pidfile.read_text().strip(), what="child start")
+    proc.send_signal(signal.SIGTERM)
+    _, stderr = proc.communicate(timeout=30)
+    assert proc.returncode == Terminated.exit_code, stderr
+    assert "descendants_stopped" not in [e.get("event") for e in events(stderr)], stderr
+    assert not _group_alive(int(pidfile.read_text()))
+
+
 def test_second_sigterm_does_not_skip_release(
     redis_server: RedisServer, r: redis.Redis, tmp_path: Path
 ) -> None:

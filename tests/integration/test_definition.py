@@ -104,3 +104,20 @@ def test_a_server_run_past_the_starting_deadline_records_too_late_and_does_not_r
         ["exec", "--name", "pod", "--", "true"], {**env, "CRON_RUNNER_JOB_NAME": f"pod-{minutes}"}
     )
     assert (outcome(pod.stderr), pod.returncode) == ("ran", 0), pod.stderr
+
+
+def test_a_crontab_line_read_in_the_wrong_zone_warns_naming_timezone(
+    redis_server: RedisServer, tmp_path: Path
+) -> None:
+    # The README's line on a server in UTC+1: cron fires '0 2 * * *' at 02:00 local, 01:00
+    # UTC, and the runner, reading the schedule in UTC, finds yesterday's slot. Exit 0 and
+    # no run, every day: the log must say so as a warning, and point at --timezone.
+    effects = tmp_path / "effects"
+    env = runner_env(redis_server.url, CRON_RUNNER_SCHEDULE=_an_hour_ago_daily())
+    del env["CRON_RUNNER_STARTING_DEADLINE"]
+    late = run(_billing(effects), env)
+    assert (outcome(late.stderr), late.returncode) == ("too_late", 0), late.stderr
+    (finished,) = [e for e in events(late.stderr) if e.get("event") == "finished"]
+    assert finished["level"] == "warning", finished
+    assert "--timezone" in finished["msg"] and "UTC" in finished["msg"], finished
+    assert not effects.exists()

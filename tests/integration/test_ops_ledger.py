@@ -113,7 +113,9 @@ def test_ack_needs_a_slot_or_all_and_a_readable_slot(redis_server: RedisServer) 
     from runner.errors import UsageError  # noqa: PLC0415
 
     plain = runner_env(redis_server.url)
-    for args, named in ((["ack", "hourly"], "--all"), (["ack", "hourly", "noon"], "SLOT")):
+    cases = ((["ack", "hourly"], "--all"), (["ack", "hourly", "noon"], "SLOT"),
+             (["ack", "hourly", "9" * 30], "SLOT"), (["ack", "hourly", "9999-12-31T23:59:59-12:00"], "SLOT"))  # fmt: skip
+    for args, named in cases:
         res = run(args, plain)
         assert res.returncode == UsageError.exit_code, res.stderr
         assert named in res.stderr
@@ -173,3 +175,15 @@ def test_in_queue_mode_a_job_no_worker_ran_stays_overdue(redis_server: RedisServ
         dog = _faked(at, ["watchdog", "-o", "json"], plain)
         assert dog.returncode == 1, dog.stdout
         assert json.loads(dog.stdout)["overdue"][0]["missed"]["slots"] == [_at(10)]
+
+
+def test_a_heartbeat_ttl_that_cannot_work_is_refused_naming_its_flag(
+    redis_server: RedisServer,
+) -> None:
+    from runner.errors import ConfigError  # noqa: PLC0415
+
+    plain = runner_env(redis_server.url)
+    for value in ("0", "500ms", "99999999999h"):
+        res = run(["watchdog", "--heartbeat-ttl", value], plain)
+        assert res.returncode == ConfigError.exit_code, (value, res.stderr)
+        assert "--heartbeat-ttl" in res.stderr and "Traceback" not in res.stderr

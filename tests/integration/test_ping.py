@@ -139,6 +139,10 @@ def test_a_ping_server_that_hangs_or_is_gone_changes_nothing(
 
 @pytest.mark.parametrize(
     ("name", "value"), [("CRON_RUNNER_PING_URL", "ftp://x/y"), ("CRON_RUNNER_PING_URL", "hc"),
+                        ("CRON_RUNNER_PING_URL", "http://x\r\nHost: evil/"),
+                        ("CRON_RUNNER_PING_URL", "http://user:pw@hc.example/u"),
+                        ("CRON_RUNNER_PING_URL", "http://hc.example:port/u"),
+                        ("CRON_RUNNER_PING_URL", "http://:80/u"),
                         ("CRON_RUNNER_PING_TIMEOUT", "5m")],
 )  # fmt: skip
 def test_bad_ping_settings_are_refused(redis_server: RedisServer, name: str, value: str) -> None:
