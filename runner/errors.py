@@ -61,8 +61,8 @@ class DefinitionConflict(ConfigError):
         super().__init__(
             f"definition conflict: this runner's task is [{mine}], but the task's runners "
             f"store [{stored}] ({key}); one task with two definitions would run twice. Make "
-            "them agree, or change the definition on purpose with CRON_RUNNER_REDEFINE=true "
-            "for one run"
+            "them agree. To change the definition on purpose, change it everywhere, then run "
+            "`cron-runner redefine TASK --force` once (or one run with CRON_RUNNER_REDEFINE=true)"
         )
 
 

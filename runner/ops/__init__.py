@@ -1,4 +1,4 @@
-"""Operations subcommands: status, history, unlock, forget, watchdog and check.
+"""Operations subcommands: status, history, unlock, forget, redefine, watchdog and check.
 
 Only the parsers live here: every run of ``cron-runner`` builds them, so each handler imports
 what it needs (state.py reads Redis, report.py renders, check.py checks).
@@ -192,6 +192,22 @@ def add_commands(sub: Any, add_flags: AddFlags) -> None:
     p.add_argument("--force", action="store_true", help="really delete it")
     add_flags(p, ("CONNECT_TIMEOUT",))
     p.set_defaults(handler=cmd_forget)
+
+    p = sub.add_parser(
+        "redefine",
+        help="let a task's next scheduled run store a new definition (after a schedule change)",
+        description="Delete TASK's stored definition (mode, command or task, schedule, time "
+        "zone), so that the next scheduled run stores its own. Runners of a definition that "
+        "differs from the stored one are refused (exit 78) because one task with two "
+        "definitions runs twice; after changing a task's schedule, zone or command everywhere "
+        "(every cluster's `helm upgrade`, every server's crontab), run this once. A runner of "
+        "the old definition still left is refused from then on. Refused without --force. "
+        "Logged.",
+    )
+    p.add_argument("task", metavar="TASK")
+    p.add_argument("--force", action="store_true", help="really delete the stored definition")
+    add_flags(p, ("CONNECT_TIMEOUT",))
+    p.set_defaults(handler=cmd_redefine)
 
     p = sub.add_parser(
         "watchdog",
@@ -453,6 +469,29 @@ def cmd_forget(args: argparse.Namespace, settings: Settings) -> int:
     )
     _write(f"forgot {args.task}: {deleted} key(s) deleted\n" if deleted else
            f"{args.task}: nothing recorded; nothing deleted\n")  # fmt: skip
+    return 0
+
+
+def cmd_redefine(args: argparse.Namespace, settings: Settings) -> int:
+    from runner.ops import report  # noqa: PLC0415
+    from runner.ops.state import Reader  # noqa: PLC0415
+
+    _require_force(args, "redefine", "The task's next scheduled run stores its definition.")
+    lease = settings.lease
+    with _connected(settings, "redefine") as client:
+        meta = Reader(client, lease.prefix, lease.scope).keys(args.task).meta
+        stored = client.hget(meta, "definition")
+        client.hdel(meta, "definition")
+    if stored is None:
+        _write(f"{args.task}: no definition stored; its next scheduled run stores one\n")
+        return 0
+    old = report.printable(stored.decode() if isinstance(stored, bytes) else str(stored))
+    log.warning(
+        f"redefine {args.task}: deleted the stored definition [{old}]",
+        extra={"event": "redefine", "task": args.task, "holder": lease.holder},
+    )
+    _write(f"{args.task}: deleted the stored definition [{old}]; its next scheduled run "
+           "stores its own\n")  # fmt: skip
     return 0
 
 

@@ -46,6 +46,7 @@ def test_a_runner_with_another_definition_of_the_task_does_not_run(
     assert "'0 2 * * *' in UTC" in error["msg"]
     assert "'0 2 * * *' in Europe/Berlin" in error["msg"]
     assert "CRON_RUNNER_REDEFINE" in error["msg"]
+    assert "cron-runner redefine TASK --force" in error["msg"]
     assert side_effects(effects) == ["ran"]
     # Nothing of the refused runner was written: the watchdog still judges Berlin's schedule.
     state = cast(dict[str, str], r.hgetall("cron-runner:{default:billing}:state"))
@@ -65,6 +66,52 @@ def test_a_runner_with_another_definition_of_the_task_does_not_run(
     stale = run(_billing(effects), cronjob)
     assert stale.returncode == ConfigError.exit_code, stale.stderr
     assert side_effects(effects) == ["ran", "ran"]
+
+
+def test_redefine_lets_the_next_scheduled_run_store_a_changed_schedule(
+    redis_server: RedisServer, r: redis.Redis, tmp_path: Path
+) -> None:
+    """A `helm upgrade` moves the schedule from 02:00 to 03:00 on every cluster: the new pods
+    are refused until `redefine` deletes the stored definition once; then the new one runs and
+    a pod of the old one still left is refused."""
+    effects = tmp_path / "effects"
+    minutes = int(time.time() // 60) - 1
+    old = runner_env(redis_server.url, CRON_RUNNER_SCHEDULE="0 2 * * *",
+                     CRON_RUNNER_JOB_NAME=f"billing-{minutes - 1}")  # fmt: skip
+    new = runner_env(redis_server.url, CRON_RUNNER_SCHEDULE="0 3 * * *",
+                     CRON_RUNNER_JOB_NAME=f"billing-{minutes}")  # fmt: skip
+    assert run(_billing(effects), old).returncode == 0
+    assert run(_billing(effects), new).returncode == ConfigError.exit_code
+
+    unforced = run(["redefine", "billing"], runner_env(redis_server.url))
+    assert unforced.returncode == ConfigError.exit_code and "--force" in unforced.stderr
+    assert "'0 2 * * *'" in cast(str, r.hget(META, "definition"))
+
+    done = run(["redefine", "billing", "--force"], runner_env(redis_server.url))
+    assert done.returncode == 0, done.stderr
+    assert "deleted the stored definition [exec sh, schedule '0 2 * * *' in UTC]" in done.stdout
+    assert r.hget(META, "definition") is None
+    again = run(["redefine", "billing", "--force"], runner_env(redis_server.url))
+    assert (again.returncode, "no definition stored" in again.stdout) == (0, True)
+
+    ran = run(_billing(effects), new)
+    assert (outcome(ran.stderr), ran.returncode) == ("ran", 0), ran.stderr
+    assert "'0 3 * * *'" in cast(str, r.hget(META, "definition"))
+    assert run(_billing(effects), old).returncode == ConfigError.exit_code
+    assert side_effects(effects) == ["ran", "ran"]
+
+
+def test_arguments_that_change_from_run_to_run_are_not_another_definition(
+    redis_server: RedisServer, tmp_path: Path
+) -> None:
+    """A crontab line `exec --name report -- report --date=$(date +%F)`: the program and the
+    schedule define the task, not the arguments of the day."""
+    minutes = int(time.time() // 60)
+    for day, minute in (("2026-12-01", minutes - 2), ("2026-12-02", minutes - 1)):
+        env = runner_env(redis_server.url, CRON_RUNNER_SCHEDULE="* * * * *",
+                         CRON_RUNNER_JOB_NAME=f"report-{minute}")  # fmt: skip
+        res = run(["exec", "--name", "report", "--", "sh", "-c", f": --date={day}"], env)
+        assert (outcome(res.stderr), res.returncode) == ("ran", 0), res.stderr
 
 
 def test_manual_runs_carry_no_definition(redis_server: RedisServer, tmp_path: Path) -> None:

@@ -173,7 +173,7 @@ def test_control_characters_in_a_holder_are_escaped_in_status(
 SCOPE_RULE = (
     "resetkeys ~cron-runner:{SCOPE:* resetchannels -@all "
     "+evalsha +eval +get +set +pexpire +pttl +incr +time +hmget +hget +del +xadd +hset +sadd +ping "
-    "+smembers +hgetall +xrange +xrevrange +hsetnx +srem"
+    "+smembers +hgetall +xrange +xrevrange +hsetnx +srem +hdel"
 )
 
 
