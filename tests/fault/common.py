@@ -9,13 +9,14 @@ import sqlite3
 import subprocess
 import time
 from datetime import UTC, datetime
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 from tests.helpers.proc import events, outcome, run, spawn
 from tests.helpers.ticker import Tick, read_ticks
+from tests.helpers.wait import wait_for
 
-LEASE = "cron-runner:{default:%s}:lease"
 DOCUMENTED_EXIT_CODES = {0, 1, 64, 69, 75, 78, 143}
 
 
@@ -58,6 +59,10 @@ def run_until_ran(
         time.sleep(0.05)
 
 
+def _ticked_or_ended(proc: subprocess.Popen[str], ticks: Path, label: str) -> bool:
+    return proc.poll() is not None or bool(read_ticks(ticks, label))
+
+
 def start_when_free(
     args: list[str], env: dict[str, str], ticks: Path, label: str, *, timeout_s: float = 30
 ) -> tuple[subprocess.Popen[str], list[str]]:
@@ -67,8 +72,7 @@ def start_when_free(
     deadline = time.monotonic() + timeout_s
     while True:
         proc = spawn(args, env)
-        while proc.poll() is None and not read_ticks(ticks, label):
-            time.sleep(0.01)
+        wait_for(partial(_ticked_or_ended, proc, ticks, label), timeout_s, f"{label} to tick")
         if read_ticks(ticks, label):
             return proc, before
         _, stderr = proc.communicate()

@@ -14,10 +14,8 @@ import redis
 
 from runner.devserver import RedisServer
 from runner.errors import Terminated
-from tests.helpers.proc import CRON_RUNNER, events, outcome, runner_env, side_effects, spawn
+from tests.helpers.proc import CRON_RUNNER, LEASE, events, outcome, runner_env, side_effects, spawn
 from tests.helpers.wait import wait_for
-
-LEASE = "cron-runner:{default:%s}:lease"
 
 
 def _group_alive(pgid: int) -> bool:

@@ -11,9 +11,9 @@ from pathlib import Path
 from redis.crc import key_slot
 
 from runner.keys import TaskKeys
-from tests.fault.common import LEASE, assert_clean, event
+from tests.fault.common import assert_clean, event
 from tests.fault.conftest import Figure
-from tests.helpers.proc import events, outcome, run, runner_env, spawn
+from tests.helpers.proc import LEASE, events, exec_args, outcome, run, runner_env, spawn
 from tests.helpers.ticker import read_ticks, ticker_command
 from tests.helpers.topologies import ClusterTopology
 from tests.helpers.wait import wait_for
@@ -26,10 +26,6 @@ def _env(cluster: ClusterTopology) -> dict[str, str]:
                       CRON_RUNNER_SCHEDULE=SCHEDULE)  # fmt: skip
 
 
-def _exec(name: str, holder: str, command: list[str]) -> list[str]:
-    return ["exec", "--name", name, "--holder", holder, "--", *command]
-
-
 def test_row5a_slot_moved_to_another_node_mid_run_the_run_follows_it(
     tmp_path: Path, figure: Figure
 ) -> None:
@@ -39,11 +35,11 @@ def test_row5a_slot_moved_to_another_node_mid_run_the_run_follows_it(
         slot = key_slot((LEASE % "moving").encode())
         source = cluster.owner_of_slot(slot)
         target = next(n for n in cluster.nodes if n is not source)
-        a = spawn(_exec("moving", "pod-a", ticker_command(ticks, "a", seconds=4)), env)
+        a = spawn(exec_args("moving", "pod-a", ticker_command(ticks, "a", seconds=4)), env)
         wait_for(lambda: read_ticks(ticks, "a"), what="A's task to start")
         moved = cluster.migrate_slot(slot, target)
         # The same command (one task, one definition): B must skip, so it never ticks.
-        b = run(_exec("moving", "pod-b", ticker_command(ticks, "a", seconds=4)), env)
+        b = run(exec_args("moving", "pod-b", ticker_command(ticks, "a", seconds=4)), env)
         _, a_err = a.communicate(timeout=30)
         assert_clean(a_err)
         assert_clean(b.stderr)
@@ -72,11 +68,11 @@ def test_row5b_slot_caught_halfway_ask_and_tryagain_are_retried(
         env = _env(cluster)
         slot = key_slot(keys.lease.encode())
         target = next(n for n in cluster.nodes if n is not cluster.owner_of_slot(slot))
-        a = spawn(_exec("halfway", "pod-a", ticker_command(ticks, "a", seconds=4)), env)
+        a = spawn(exec_args("halfway", "pod-a", ticker_command(ticks, "a", seconds=4)), env)
         wait_for(lambda: read_ticks(ticks, "a"), what="A's task to start")
         source = cluster.begin_migration(slot, target)
         cluster.move_keys(slot, source, target, only=[keys.lease])
-        b = spawn(_exec("halfway", "pod-b", ticker_command(ticks, "a", seconds=4)), env)
+        b = spawn(exec_args("halfway", "pod-b", ticker_command(ticks, "a", seconds=4)), env)
         time.sleep(1.5)  # A renews through ASK; B's acquisition meets TRYAGAIN
         b_waiting = b.poll() is None
         cluster.move_keys(slot, source, target)

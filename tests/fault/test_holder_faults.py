@@ -22,7 +22,6 @@ import redis
 from runner.devserver import RedisServer
 from runner.errors import LeaseLost
 from tests.fault.common import (
-    LEASE,
     assert_clean,
     event,
     event_time,
@@ -34,13 +33,9 @@ from tests.fault.common import (
     start_when_free,
 )
 from tests.fault.conftest import Figure
-from tests.helpers.proc import events, outcome, run, runner_env, spawn
+from tests.helpers.proc import LEASE, events, exec_args, outcome, run, runner_env, spawn
 from tests.helpers.ticker import command_of, read_ticks, supervisor_of, ticker_command
 from tests.helpers.wait import wait_for
-
-
-def _exec(name: str, holder: str, command: list[str]) -> list[str]:
-    return ["exec", "--name", name, "--holder", holder, "--", *command]
 
 
 def _alive(pid: int) -> bool:
@@ -57,7 +52,7 @@ def test_row1_kill9_of_the_holder_next_run_takes_over_after_the_ttl_never_before
 ) -> None:
     ticks = tmp_path / "ticks"
     env = runner_env(redis_server.url, CRON_RUNNER_LEASE_TTL="2s")
-    a = spawn(_exec("k9", "pod-a", ticker_command(ticks, "a")), env)
+    a = spawn(exec_args("k9", "pod-a", ticker_command(ticks, "a")), env)
     wait_for(lambda: read_ticks(ticks, "a"), what="A's task to start")
     child = command_of(a.pid)
 
@@ -70,7 +65,9 @@ def test_row1_kill9_of_the_holder_next_run_takes_over_after_the_ttl_never_before
     # Redis can let the lease go no earlier than this.
     expiry_not_before = before_query + left_ms / 1000
 
-    b, outcomes = run_until_ran(_exec("k9", "pod-b", ticker_command(ticks, "b", seconds=0.2)), env)
+    b, outcomes = run_until_ran(
+        exec_args("k9", "pod-b", ticker_command(ticks, "b", seconds=0.2)), env
+    )
     taken_at = event_time(b.stderr, "acquired")
     assert taken_at >= expiry_not_before - 0.001  # the log's ts is truncated to the ms
     assert outcomes and set(outcomes) == {"skipped_held"}, outcomes
@@ -98,7 +95,7 @@ def test_row1b_kill9_of_the_runner_alone_takes_its_command_with_it(
     second holder starts (docs/reliability.md)."""
     ticks, sink = tmp_path / "ticks", tmp_path / "sink.db"
     env = runner_env(redis_server.url, CRON_RUNNER_LEASE_TTL="1500ms")
-    a = spawn(_exec("orphan", "vm-a", ticker_command(ticks, "a", sink=sink)), env)
+    a = spawn(exec_args("orphan", "vm-a", ticker_command(ticks, "a", sink=sink)), env)
     wait_for(lambda: read_ticks(ticks, "a"), what="A's task to start")
     child = command_of(a.pid)
     a.kill()
@@ -106,7 +103,7 @@ def test_row1b_kill9_of_the_runner_alone_takes_its_command_with_it(
     try:
         wait_for(lambda: not _alive(child), timeout_s=5, what="the command to die with its runner")
         b, _ = run_until_ran(
-            _exec("orphan", "vm-b", ticker_command(ticks, "b", seconds=0.5, sink=sink)), env
+            exec_args("orphan", "vm-b", ticker_command(ticks, "b", seconds=0.5, sink=sink)), env
         )
     finally:
         if _alive(child):
@@ -143,7 +140,7 @@ def test_row1d_a_daemon_that_left_the_process_group_is_stopped_before_the_releas
     env = runner_env(redis_server.url)
     command = ["sh", "-c", f"setsid sh {daemon} & sleep 1"]
     try:
-        a = run(_exec("daemon", "vm-a", command), env)
+        a = run(exec_args("daemon", "vm-a", command), env)
         ended = time.time()
         daemon_pid = int(pidfile.read_text())
         assert_clean(a.stderr)
@@ -154,7 +151,7 @@ def test_row1d_a_daemon_that_left_the_process_group_is_stopped_before_the_releas
         # The log's ts is truncated to the ms.
         assert max(t.t for t in read_ticks(ticks, "a")) < released_at + 0.001
         assert daemon_pid in event(a.stderr, "descendants_stopped")["pids"]
-        b = run(_exec("daemon", "vm-b", ticker_command(ticks, "b", seconds=0.3)), env)
+        b = run(exec_args("daemon", "vm-b", ticker_command(ticks, "b", seconds=0.3)), env)
     finally:
         if pidfile.exists() and _alive(int(pidfile.read_text())):
             os.kill(int(pidfile.read_text()), signal.SIGKILL)
@@ -175,7 +172,9 @@ def test_row2_holder_frozen_past_its_ttl_wakes_into_a_new_holder_and_exits_4(
     ticks, sink = tmp_path / "ticks", tmp_path / "sink.db"
     env = runner_env(redis_server.url, CRON_RUNNER_LEASE_TTL="1500ms")
     a = spawn(
-        _exec("frozen", "pod-a", ticker_command(ticks, "a", sink=sink)), env, start_new_session=True
+        exec_args("frozen", "pod-a", ticker_command(ticks, "a", sink=sink)),
+        env,
+        start_new_session=True,
     )
     wait_for(lambda: read_ticks(ticks, "a"), what="A's task to start")
     child, supervisor = command_of(a.pid), supervisor_of(a.pid)
@@ -183,7 +182,7 @@ def test_row2_holder_frozen_past_its_ttl_wakes_into_a_new_holder_and_exits_4(
     freeze_outside_a_sink_write(groups, child, sink)
     try:
         b, outcomes = start_when_free(
-            _exec("frozen", "pod-b", ticker_command(ticks, "b", seconds=1.5, sink=sink)),
+            exec_args("frozen", "pod-b", ticker_command(ticks, "b", seconds=1.5, sink=sink)),
             env,
             ticks,
             "b",
@@ -232,7 +231,7 @@ def test_row2b_runner_frozen_alone_its_supervisor_kills_the_command_before_the_l
     ticks, sink = tmp_path / "ticks", tmp_path / "sink.db"
     env = runner_env(redis_server.url, CRON_RUNNER_LEASE_TTL=f"{int(ttl_s * 1000)}ms")
     a = spawn(
-        _exec("half-frozen", "pod-a", ticker_command(ticks, "a", sink=sink)),
+        exec_args("half-frozen", "pod-a", ticker_command(ticks, "a", sink=sink)),
         env,
         start_new_session=True,
     )
@@ -244,7 +243,7 @@ def test_row2b_runner_frozen_alone_its_supervisor_kills_the_command_before_the_l
     expiry_not_before = frozen_at + int(r.pttl(LEASE % "half-frozen")) / 1000  # type: ignore[arg-type]
     try:
         b, outcomes = start_when_free(
-            _exec("half-frozen", "pod-b", ticker_command(ticks, "b", seconds=1.0, sink=sink)),
+            exec_args("half-frozen", "pod-b", ticker_command(ticks, "b", seconds=1.0, sink=sink)),
             env,
             ticks,
             "b",
@@ -289,7 +288,7 @@ def test_row1b_kill9_of_the_runner_alone_takes_the_commands_whole_group(
     pidfile = tmp_path / "sleep.pid"
     env = runner_env(redis_server.url)
     script = f"sleep 60 </dev/null >/dev/null 2>&1 & echo $! > {pidfile}; wait"
-    a = spawn(_exec("group", "vm-a", ["sh", "-c", script]), env)
+    a = spawn(exec_args("group", "vm-a", ["sh", "-c", script]), env)
     wait_for(lambda: pidfile.exists() and pidfile.read_text().strip(), what="the command's child")
     grandchild = int(pidfile.read_text())
     a.kill()
@@ -314,7 +313,7 @@ def test_row1d_a_descendant_that_cannot_be_confirmed_stopped_keeps_the_lease(
     pidfile, daemon = tmp_path / "daemon.pid", tmp_path / "daemon.sh"
     daemon.write_text(f"echo $$ > {pidfile}\nexec sleep 60 </dev/null >/dev/null 2>&1\n")
     env = runner_env(redis_server.url, CRON_RUNNER_SCHEDULE="0 0 * * *")
-    a = spawn(_exec("traced", "vm-a", ["sh", "-c", f"setsid sh {daemon} & sleep 1"]), env)
+    a = spawn(exec_args("traced", "vm-a", ["sh", "-c", f"setsid sh {daemon} & sleep 1"]), env)
     wait_for(lambda: pidfile.exists() and pidfile.read_text().strip(), what="the daemon")
     daemon_pid = int(pidfile.read_text())
     assert libc.ptrace(ptrace_seize, daemon_pid, None, None) == 0, ctypes.get_errno()
@@ -348,7 +347,7 @@ def test_row2b_runner_frozen_alone_its_supervisor_also_kills_what_left_the_group
     daemon.write_text(f"echo $$ > {pidfile}\nexec {ticker} </dev/null >/dev/null 2>&1\n")
     command = ["sh", "-c", f"setsid sh {daemon} & exec {shlex.join(ticker_command(ticks, 'a'))}"]
     env = runner_env(redis_server.url, CRON_RUNNER_LEASE_TTL="1500ms")
-    a = spawn(_exec("half-frozen", "pod-a", command), env, start_new_session=True)
+    a = spawn(exec_args("half-frozen", "pod-a", command), env, start_new_session=True)
     wait_for(lambda: read_ticks(ticks, "a") and read_ticks(ticks, "d"), what="A and its daemon")
     daemon_pid = int(pidfile.read_text())
     try:
@@ -356,7 +355,10 @@ def test_row2b_runner_frozen_alone_its_supervisor_also_kills_what_left_the_group
         frozen_at = time.time()
         expiry_not_before = frozen_at + int(r.pttl(LEASE % "half-frozen")) / 1000  # type: ignore[arg-type]
         b, _ = start_when_free(
-            _exec("half-frozen", "pod-b", ticker_command(ticks, "b", seconds=0.5)), env, ticks, "b"
+            exec_args("half-frozen", "pod-b", ticker_command(ticks, "b", seconds=0.5)),
+            env,
+            ticks,
+            "b",
         )
         time.sleep(max(0.0, frozen_at + 2.5 - time.time()))
         assert not _alive(daemon_pid), "the daemon outlived the frozen runner's lease"

@@ -28,8 +28,8 @@ from tests.helpers.lease_tools import (
     pttl_ms,
     read_events,
     wait_event,
-    wait_until,
 )
+from tests.helpers.wait import wait_for
 
 
 @pytest.fixture
@@ -74,14 +74,14 @@ def test_holder_frozen_past_its_ttl_does_no_work_after_it_resumes(
         stdin.write("work\n")
         stdin.flush()
         if expect_effects is not None:
-            wait_until(
+            wait_for(
                 lambda: len(effect_times(effects)) == expect_effects,
                 what=f"side effect {expect_effects}",
             )
 
     # Healthy: work goes on while the keeper renews, past a whole TTL after the acquisition.
     work(1)
-    wait_until(
+    wait_for(
         lambda: sum(e["event"] == "renewed" for e in read_events(events)) >= 4,
         what="four renewals (more than one TTL)",
     )
@@ -93,7 +93,7 @@ def test_holder_frozen_past_its_ttl_does_no_work_after_it_resumes(
     # Frozen between two units of work, until Redis lets the lease expire.
     stopped_at = time.monotonic()
     os.kill(proc.pid, signal.SIGSTOP)
-    wait_until(lambda: not r.exists(keys.lease), what="the frozen holder's lease to expire")
+    wait_for(lambda: not r.exists(keys.lease), what="the frozen holder's lease to expire")
     other = Lease(r, keys, new_token("pod-other"), ttl_ms=60_000)
     other_sent_at = time.monotonic()
     taken = other.acquire(None)
@@ -158,7 +158,7 @@ def test_redis_killed_keeper_reports_loss_by_its_local_deadline(
     _, keeper, reports, lost = keeper_with_reports(client, ttl_ms=2000)
     keeper.start()
     try:
-        wait_until(lambda: keeper.renewals >= 1, what="a first renewal")
+        wait_for(lambda: keeper.renewals >= 1, what="a first renewal")
         redis_server.stop(kill=True)
         killed_at = time.monotonic()
         assert lost.wait(10)
@@ -187,7 +187,7 @@ def test_redis_hung_owner_learns_of_the_loss_by_its_deadline(
     assert redis_server.proc is not None
     keeper.start()
     try:
-        wait_until(lambda: keeper.renewals >= 1, what="a first renewal")
+        wait_for(lambda: keeper.renewals >= 1, what="a first renewal")
         os.kill(redis_server.proc.pid, signal.SIGSTOP)
         frozen_at = time.monotonic()
         lost = False

@@ -13,14 +13,13 @@ import redis
 
 from runner.devserver import RedisServer
 from tests.fault.common import (
-    LEASE,
     assert_clean,
     event_time,
     overlap_ms,
     run_until_ran,
 )
 from tests.fault.conftest import Figure
-from tests.helpers.proc import events, outcome, runner_env, spawn
+from tests.helpers.proc import LEASE, events, exec_args, outcome, runner_env, spawn
 from tests.helpers.tcpproxy import TcpProxy
 from tests.helpers.ticker import read_ticks, ticker_command
 from tests.helpers.wait import wait_for
@@ -32,10 +31,6 @@ TTL_S = 2.0
 def proxy(redis_server: RedisServer) -> Iterator[TcpProxy]:
     with TcpProxy(redis_server.port) as p:
         yield p
-
-
-def _exec(name: str, holder: str, command: list[str]) -> list[str]:
-    return ["exec", "--name", name, "--holder", holder, "--", *command]
 
 
 @pytest.mark.parametrize("task", ["stops-on-sigterm", "ignores-sigterm"])
@@ -54,7 +49,7 @@ def test_row6a_blackhole_keeper_declares_loss_by_its_deadline_and_kills_before_t
     stubborn = task == "ignores-sigterm"
     through_proxy = runner_env(f"redis://127.0.0.1:{proxy.port}/0", CRON_RUNNER_LEASE_TTL="2s")
     direct = runner_env(redis_server.url, CRON_RUNNER_LEASE_TTL="2s")
-    a = spawn(_exec("cut", "pod-a", ticker_command(ticks, "a", ignore_term=stubborn)),
+    a = spawn(exec_args("cut", "pod-a", ticker_command(ticks, "a", ignore_term=stubborn)),
               through_proxy)  # fmt: skip
     wait_for(lambda: read_ticks(ticks, "a"), what="A's task to start")
 
@@ -64,7 +59,7 @@ def test_row6a_blackhole_keeper_declares_loss_by_its_deadline_and_kills_before_t
     # No renewal reaches Redis from now on: the lease expires there at this instant, or later.
     expires_not_before = before_query + left_ms / 1000
 
-    b, outcomes = run_until_ran(_exec("cut", "pod-b", ticker_command(ticks, "b", seconds=0.3)),
+    b, outcomes = run_until_ran(exec_args("cut", "pod-b", ticker_command(ticks, "b", seconds=0.3)),
                                 direct)  # fmt: skip
     _, a_err = a.communicate(timeout=30)
     assert_clean(a_err)
@@ -103,7 +98,7 @@ def test_row6b_latency_below_the_socket_timeout_the_run_completes(
     proxy.set_latency(latency_s)
     env = runner_env(f"redis://127.0.0.1:{proxy.port}/0", CRON_RUNNER_LEASE_TTL="2s")
     # Longer than the TTL: renewals must be confirmed across the latency.
-    res = run_until_ran(_exec("slow", "pod-a", ticker_command(ticks, "a", seconds=2.5)), env)[0]
+    res = run_until_ran(exec_args("slow", "pod-a", ticker_command(ticks, "a", seconds=2.5)), env)[0]
     assert_clean(res.stderr)
     assert res.returncode == 0
     assert not [e for e in events(res.stderr) if e.get("event") in ("renew_failed", "lease_lost")]
@@ -116,7 +111,7 @@ def test_row6c_connections_dropped_and_refused_briefly_the_keeper_reconnects(
 ) -> None:
     ticks = tmp_path / "ticks"
     env = runner_env(f"redis://127.0.0.1:{proxy.port}/0", CRON_RUNNER_LEASE_TTL="2s")
-    a = spawn(_exec("blip", "pod-a", ticker_command(ticks, "a", seconds=3)), env)
+    a = spawn(exec_args("blip", "pod-a", ticker_command(ticks, "a", seconds=3)), env)
     wait_for(lambda: read_ticks(ticks, "a"), what="A's task to start")
     proxy.refuse()
     proxy.drop()

@@ -11,7 +11,6 @@ import pytest
 
 from runner.devserver import RedisServer
 from tests.fault.common import (
-    LEASE,
     assert_clean,
     event,
     overlap_ms,
@@ -19,7 +18,7 @@ from tests.fault.common import (
     start_when_free,
 )
 from tests.fault.conftest import Figure
-from tests.helpers.proc import events, outcome, run, runner_env, spawn
+from tests.helpers.proc import LEASE, events, outcome, run, runner_env, spawn
 from tests.helpers.ticker import read_ticks, ticker_command
 from tests.helpers.wait import wait_for
 

@@ -10,7 +10,6 @@ from pathlib import Path
 from runner.devserver import free_port
 from runner.errors import StoreUnavailable
 from tests.fault.common import (
-    LEASE,
     assert_clean,
     event,
     overlap_ms,
@@ -19,7 +18,7 @@ from tests.fault.common import (
     start_when_free,
 )
 from tests.fault.conftest import Figure
-from tests.helpers.proc import outcome, run, runner_env, spawn
+from tests.helpers.proc import LEASE, exec_args, outcome, run, runner_env, spawn
 from tests.helpers.tcpproxy import TcpProxy
 from tests.helpers.ticker import read_ticks, ticker_command
 from tests.helpers.topologies import SentinelTopology
@@ -38,10 +37,6 @@ def _env(topology: SentinelTopology, **extra: str) -> dict[str, str]:
     )
 
 
-def _exec(name: str, holder: str, command: list[str]) -> list[str]:
-    return ["exec", "--name", name, "--holder", holder, "--", *command]
-
-
 def test_row4a_failover_mid_run_with_min_replicas_1_the_lease_survives(
     tmp_path: Path, figure: Figure
 ) -> None:
@@ -50,13 +45,13 @@ def test_row4a_failover_mid_run_with_min_replicas_1_the_lease_survives(
         env = _env(topology, CRON_RUNNER_REDIS_MIN_REPLICAS="1", CRON_RUNNER_SCHEDULE=SCHEDULE)
         old_port = topology.master_port()
         # Longer than the TTL: renewals must reach the new primary for the run to finish.
-        a = spawn(_exec("failover", "pod-a", ticker_command(ticks, "a", seconds=5)), env)
+        a = spawn(exec_args("failover", "pod-a", ticker_command(ticks, "a", seconds=5)), env)
         wait_for(lambda: read_ticks(ticks, "a"), what="A's task to start")
         new_port = topology.failover()
         assert new_port != old_port
         # A contender that asks the sentinels now lands on the new primary: the lease is there.
         # (The same command: one task has one definition.)
-        b = run(_exec("failover", "pod-b", ticker_command(ticks, "a", seconds=5)), env)
+        b = run(exec_args("failover", "pod-b", ticker_command(ticks, "a", seconds=5)), env)
         assert (b.returncode, outcome(b.stderr)) == (0, "skipped_held"), b.stderr
         _, a_err = a.communicate(timeout=30)
         assert_clean(a_err)
@@ -67,7 +62,7 @@ def test_row4a_failover_mid_run_with_min_replicas_1_the_lease_survives(
         assert new_primary.get(LEASE % "failover") is None
         # No MIN_REPLICAS: the old primary has not rejoined as a replica yet (row 4c).
         c = run(
-            _exec("failover", "pod-c", ["true"]),
+            exec_args("failover", "pod-c", ["true"]),
             {**env, "CRON_RUNNER_SCHEDULE": "", "CRON_RUNNER_REDIS_MIN_REPLICAS": "0"},
         )
         assert event(c.stderr, "acquired")["fence"] > event(a_err, "acquired")["fence"]
@@ -94,21 +89,23 @@ def test_row4b_failover_without_replica_acks_loses_the_lease_and_shows_the_windo
         SentinelTopology(primary_port=primary_port, replica_upstream_port=link.port) as topology,
     ):
         env = _env(topology)
-        assert run(_exec("window", "warm", ["true"]), env).returncode == 0  # fence 1, replicated
+        assert (
+            run(exec_args("window", "warm", ["true"]), env).returncode == 0
+        )  # fence 1, replicated
         link.blackhole()
 
-        refused = run(_exec("window", "pod-r", ticker_command(ticks, "r")),
+        refused = run(exec_args("window", "pod-r", ticker_command(ticks, "r")),
                       {**env, "CRON_RUNNER_REDIS_MIN_REPLICAS": "1"})  # fmt: skip
         assert_clean(refused.stderr)
         assert refused.returncode == 69, refused.stderr
         assert "only 0 of 1 replicas acknowledged" in refused.stderr
         assert not read_ticks(ticks, "r")
 
-        a = spawn(_exec("window", "pod-a", ticker_command(ticks, "a", sink=sink)), env)
+        a = spawn(exec_args("window", "pod-a", ticker_command(ticks, "a", sink=sink)), env)
         wait_for(lambda: read_ticks(ticks, "a"), what="A's task to start")
         topology.failover()
         b, before = start_when_free(
-            _exec("window", "pod-b", ticker_command(ticks, "b", seconds=1.5, sink=sink)),
+            exec_args("window", "pod-b", ticker_command(ticks, "b", seconds=1.5, sink=sink)),
             env, ticks, "b",
         )  # fmt: skip
         _, a_err = a.communicate(timeout=30)
@@ -149,10 +146,10 @@ def test_row4c_after_a_failover_min_replicas_refuses_runs_until_a_replica_is_bac
     run) and retried, as a Job retries. Then runs go on, the fence still going up."""
     with SentinelTopology() as topology:
         env = _env(topology, CRON_RUNNER_REDIS_MIN_REPLICAS="1")
-        first, _ = run_until_ran(_exec("follow", "pod-a", ["true"]), env)
+        first, _ = run_until_ran(exec_args("follow", "pod-a", ["true"]), env)
         topology.failover()
         switched_at = time.monotonic()
-        second, refusals = run_until_ran(_exec("follow", "pod-b", ["true"]), env, timeout_s=60)
+        second, refusals = run_until_ran(exec_args("follow", "pod-b", ["true"]), env, timeout_s=60)
         refused_s = round(time.monotonic() - switched_at, 1)
         fences = [event(x.stderr, "acquired")["fence"] for x in (first, second)]
     # Refused at least once (the old primary needs seconds to rejoin), and only ever by the

@@ -5,25 +5,16 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any, cast
 
 import redis
 from redis.connection import Connection
 
+from tests.helpers.wait import wait_for
+
 HELPERS = Path(__file__).resolve().parent
 ROOT = HELPERS.parents[1]
-
-
-def wait_until(predicate: Callable[[], object], *, timeout_s: float = 10.0, what: str) -> None:
-    """Poll for an outcome; the timeout only bounds a broken test, it asserts no speed."""
-    deadline = time.monotonic() + timeout_s
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"gave up after {timeout_s} s waiting for {what}")
-        time.sleep(0.01)
 
 
 def pttl_ms(client: redis.Redis, key: str | bytes) -> int:
@@ -109,7 +100,7 @@ def wait_event(path: Path, name: str, *, timeout_s: float = 10.0) -> dict[str, A
         found[:] = [e for e in read_events(path) if e["event"] == name]
         return bool(found)
 
-    wait_until(seen, timeout_s=timeout_s, what=f"event {name!r} in {path}")
+    wait_for(seen, timeout_s=timeout_s, what=f"event {name!r} in {path}")
     return found[0]
 
 

@@ -13,6 +13,8 @@ ROOT = Path(__file__).resolve().parents[2]
 # RUNNER_BINARY runs the same tests against another build of the runner, such as the
 # self-contained one the image carries for app images (tests/image/test_inject.py).
 CRON_RUNNER = os.environ.get("RUNNER_BINARY") or str(Path(sys.executable).parent / "cron-runner")
+# A task's lease key in the default scope: ``LEASE % name``.
+LEASE = "cron-runner:{default:%s}:lease"
 
 
 def runner_env(redis_url: str, **extra: str) -> dict[str, str]:
@@ -29,6 +31,11 @@ def runner_env(redis_url: str, **extra: str) -> dict[str, str]:
     )
     env.update(extra)
     return env
+
+
+def exec_args(name: str, holder: str, command: list[str]) -> list[str]:
+    """``cron-runner exec`` of ``command`` as task ``name`` by ``holder`` (a pod's name)."""
+    return ["exec", "--name", name, "--holder", holder, "--", *command]
 
 
 def run(
@@ -48,6 +55,23 @@ def spawn(args: list[str], env: dict[str, str], **kwargs: Any) -> subprocess.Pop
         text=True,
         **kwargs,
     )
+
+
+def spawn_logged(
+    args: list[str], env: dict[str, str], log: Path, **kwargs: Any
+) -> subprocess.Popen[str]:
+    """Like ``spawn``, but stderr goes to ``log`` as it is written, so a test can wait for a
+    log line (``logged``) while the run goes on. ``log.read_text()`` is its stderr."""
+    with log.open("w") as err:
+        return subprocess.Popen(
+            [CRON_RUNNER, *args], env=env, stdout=subprocess.DEVNULL, stderr=err, text=True,
+            **kwargs,
+        )  # fmt: skip
+
+
+def logged(log: Path, event: str) -> bool:
+    """Whether the runner writing to ``log`` has logged ``event`` yet."""
+    return log.exists() and any(e.get("event") == event for e in events(log.read_text()))
 
 
 def events(stderr: str) -> list[dict[str, Any]]:

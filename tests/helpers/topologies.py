@@ -20,7 +20,7 @@ import redis
 from redis.crc import key_slot
 
 from runner.devserver import RedisServer, free_port
-from tests.helpers.lease_tools import wait_until
+from tests.helpers.wait import wait_for
 
 # -- TLS ----------------------------------------------------------------------------------
 
@@ -242,7 +242,7 @@ class SentinelTopology:
     def wait_replica_in_sync(self, timeout_s: float = 15) -> None:
         replica = self.replica.client()
         try:
-            wait_until(
+            wait_for(
                 lambda: (
                     cast(dict[str, Any], replica.info("replication")).get("master_link_status")
                     == "up"
@@ -279,7 +279,7 @@ class SentinelTopology:
             views = [self._sentinel_view(s) for s in self.sentinels]
             return all(v is not None and v[0] >= 1 and v[1] >= 2 for v in views)
 
-        wait_until(ready, timeout_s=timeout_s, what="sentinels to see the replica and each other")
+        wait_for(ready, timeout_s=timeout_s, what="sentinels to see the replica and each other")
 
     def master_port(self) -> int:
         c = self.sentinels[0].client()
@@ -320,7 +320,7 @@ class SentinelTopology:
                 ports.add(view[2] if view else 0)
             return len(ports) == 1 and old not in ports and 0 not in ports
 
-        wait_until(switched, timeout_s=timeout_s, what="every sentinel to name the new primary")
+        wait_for(switched, timeout_s=timeout_s, what="every sentinel to name the new primary")
         return self.master_port()
 
     def server_on(self, port: int) -> RedisServer:
@@ -392,7 +392,7 @@ class ClusterTopology:
                     return False
             return True
 
-        wait_until(ok, timeout_s=timeout_s, what="cluster_state:ok on every node")
+        wait_for(ok, timeout_s=timeout_s, what="cluster_state:ok on every node")
 
     def node_id(self, node: RedisServer) -> str:
         c = node.client()

@@ -13,10 +13,17 @@ import redis
 
 from runner.devserver import RedisServer, free_port
 from runner.errors import EXIT_CANNOT_EXECUTE, EXIT_NOT_FOUND
-from tests.helpers.proc import CRON_RUNNER, events, outcome, run, runner_env, side_effects, spawn
+from tests.helpers.proc import (
+    CRON_RUNNER,
+    LEASE,
+    events,
+    outcome,
+    run,
+    runner_env,
+    side_effects,
+    spawn,
+)
 from tests.helpers.wait import wait_for
-
-LEASE = "cron-runner:{default:%s}:lease"
 
 
 @pytest.fixture

@@ -9,7 +9,7 @@ import redis
 
 from runner.devserver import RedisServer
 from tests.helpers.proc import events, outcome, run, runner_env, side_effects, spawn
-from tests.helpers.wait import clear_of_slot_edge
+from tests.helpers.wait import clear_of_slot_edge, wait_for
 
 SCHEDULE = "*/5 * * * *"
 
@@ -98,9 +98,7 @@ def test_manual_job_runs_and_is_still_exclusive(
     )
     holder = spawn(["exec", "--name", "nightly", "--", *_effect_cmd(effects, 3)], env)
     try:
-        deadline = time.monotonic() + 10
-        while not side_effects(effects) and time.monotonic() < deadline:
-            time.sleep(0.02)
+        wait_for(lambda: side_effects(effects), what="the holder's task to start")
         second = run(["exec", "--name", "nightly", "--", *_effect_cmd(effects, 0)], env)
         assert second.returncode == 0
         assert outcome(second.stderr) == "skipped_held"

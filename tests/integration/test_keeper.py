@@ -20,7 +20,8 @@ from runner.devserver import free_port
 from runner.keeper import Keeper, drift_margin_s
 from runner.keys import TaskKeys
 from runner.lease import Acquired, Lease, new_token
-from tests.helpers.lease_tools import pttl_ms, wait_until
+from tests.helpers.lease_tools import pttl_ms
+from tests.helpers.wait import wait_for
 
 KEYS = TaskKeys("cron-runner", "keeper", "report")
 KEEPER_THREAD = "lease-keeper"
@@ -103,7 +104,7 @@ def test_keeper_holds_the_lease_well_past_its_ttl(r: redis.Redis, hold: Holder) 
     lease = lease_on(r, ttl_ms=1500)
     keeper, reports = hold(lease)
     # Four renewals at ttl/3 cover more than a whole TTL past the acquisition.
-    wait_until(lambda: keeper.renewals >= 4, what="four renewals")
+    wait_for(lambda: keeper.renewals >= 4, what="four renewals")
     assert r.get(KEYS.lease) == lease.token
     assert 0 < pttl_ms(r, KEYS.lease) <= 1500
     assert not keeper.is_lost()
@@ -120,7 +121,7 @@ def test_refused_renewal_is_lost_at_once_and_leaves_the_new_lease_alone(
 ) -> None:
     lease = lease_on(r, ttl_ms=3000)
     keeper, reports = hold(lease)
-    wait_until(lambda: keeper.renewals >= 1, what="a first renewal")
+    wait_for(lambda: keeper.renewals >= 1, what="a first renewal")
 
     # Another holder takes over, as after an expiry the keeper did not see.
     r.delete(KEYS.lease)
@@ -136,7 +137,7 @@ def test_refused_renewal_is_lost_at_once_and_leaves_the_new_lease_alone(
     assert keeper.is_lost()
     assert keeper.lost_reason == reason
     assert keeper.failed_renewals == 1
-    wait_until(lambda: not keeper._thread.is_alive(), what="the keeper thread to end")
+    wait_for(lambda: not keeper._thread.is_alive(), what="the keeper thread to end")
     assert r.get(KEYS.lease) == other.token
     assert pttl_ms(r, KEYS.lease) > 3000
 
@@ -203,7 +204,7 @@ def test_stop_interrupts_the_wait_between_renewals(r: redis.Redis, hold: Holder)
 def test_stop_interrupts_retries_while_redis_is_unreachable(hold: Holder) -> None:
     lease = Lease(unreachable_client(), KEYS, new_token("keeper-test"), ttl_ms=60_000)
     keeper, reports = hold(lease, acquire=False, confirmed_at=time.monotonic() - 20)
-    wait_until(lambda: keeper.failed_renewals >= 1, what="a failed renewal")
+    wait_for(lambda: keeper.failed_renewals >= 1, what="a failed renewal")
     keeper.stop()
     assert not keeper._thread.is_alive()
     assert reports.losses == []
@@ -211,10 +212,10 @@ def test_stop_interrupts_retries_while_redis_is_unreachable(hold: Holder) -> Non
 
 def test_no_renewal_after_stop(r: redis.Redis, hold: Holder) -> None:
     keeper, _ = hold(lease_on(r, ttl_ms=1200))
-    wait_until(lambda: keeper.renewals >= 1, what="a renewal")
+    wait_for(lambda: keeper.renewals >= 1, what="a renewal")
     keeper.stop()
     renewals = keeper.renewals
-    wait_until(lambda: not r.exists(KEYS.lease), what="the lease to expire in Redis")
+    wait_for(lambda: not r.exists(KEYS.lease), what="the lease to expire in Redis")
     assert keeper.renewals == renewals
 
 
@@ -230,7 +231,7 @@ def test_stop_from_the_keepers_own_callback_does_not_deadlock(r: redis.Redis, ho
     keepers.append(keeper)
     r.delete(KEYS.lease)
     assert stopped.wait(10)
-    wait_until(lambda: not keeper._thread.is_alive(), what="the keeper thread to end")
+    wait_for(lambda: not keeper._thread.is_alive(), what="the keeper thread to end")
 
 
 # -- (e) crashes --------------------------------------------------------------------------
@@ -263,7 +264,7 @@ def test_unexpected_exception_in_the_keeper_is_a_loss_with_a_reason(
     assert lost_at < keeper.lose_at
     assert keeper.is_lost()
     assert keeper.lost_reason == reason
-    wait_until(lambda: not keeper._thread.is_alive(), what="the crashed thread to end")
+    wait_for(lambda: not keeper._thread.is_alive(), what="the crashed thread to end")
     # And the crash is loud as well: re-raised to threading.excepthook, not swallowed.
     assert [type(c.exc_value) for c in thread_crashes] == [KeyError]
 
@@ -281,7 +282,7 @@ def test_exception_in_on_renewed_is_a_loss_too(
     assert thread == KEEPER_THREAD
     assert "metrics exporter down" in reason
     assert keeper.is_lost()
-    wait_until(lambda: bool(thread_crashes), what="the crash to reach excepthook")
+    wait_for(lambda: bool(thread_crashes), what="the crash to reach excepthook")
     assert [type(c.exc_value) for c in thread_crashes] == [RuntimeError]
 
 

@@ -21,8 +21,8 @@ from tests.helpers.lease_tools import (
     pttl_ms,
     run_helper,
     stream_entries,
-    wait_until,
 )
+from tests.helpers.wait import wait_for
 
 SLOT = 1_700_000_040
 KEYS = TaskKeys("cron-runner", "default", "report")
@@ -118,7 +118,7 @@ def test_stale_holder_is_refused_everything_and_changes_nothing(
 
     stale = lease_for(r, "pod-stale", ttl_ms=200)
     stale_fence = fence_of(stale.acquire(SLOT))
-    wait_until(lambda: not r.exists(KEYS.lease), what="the stale holder's lease to expire")
+    wait_for(lambda: not r.exists(KEYS.lease), what="the stale holder's lease to expire")
     current = lease_for(r, "pod-current", ttl_ms=60_000)
     assert fence_of(current.acquire(SLOT)) > stale_fence
 
@@ -159,7 +159,7 @@ def test_stale_holder_is_refused_everything_and_changes_nothing(
 def test_stale_holder_refused_when_the_lease_is_free(r: redis.Redis) -> None:
     stale = lease_for(r, "pod-stale", ttl_ms=100)
     assert isinstance(stale.acquire(SLOT), Acquired)
-    wait_until(lambda: not r.exists(KEYS.lease), what="the lease to expire")
+    wait_for(lambda: not r.exists(KEYS.lease), what="the lease to expire")
     for call in (
         stale.renew,
         lambda: stale.complete(SLOT, {"outcome": "ran"}, {}, marker_for(stale)),

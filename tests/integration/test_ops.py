@@ -13,10 +13,9 @@ import redis
 
 from runner.devserver import RedisServer
 from runner.ops.state import Reader
-from tests.helpers.proc import events, outcome, run, runner_env, side_effects, spawn
+from tests.helpers.proc import LEASE, events, outcome, run, runner_env, side_effects, spawn
 from tests.helpers.wait import clear_of_slot_edge, wait_for
 
-LEASE = "cron-runner:{default:%s}:lease"
 FENCE = "cron-runner:{default:%s}:fence"
 ISO_Z = r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ$"
 

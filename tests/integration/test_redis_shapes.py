@@ -23,7 +23,7 @@ from runner.lease import Acquired, Held, Lease, SlotDone
 from runner.settings import load_settings
 from runner.store import replicas_acknowledged
 from tests.helpers.lease_tools import command_calls
-from tests.helpers.proc import ROOT, events, outcome, run, runner_env, side_effects
+from tests.helpers.proc import LEASE, ROOT, events, outcome, run, runner_env, side_effects
 from tests.helpers.tcpproxy import TcpProxy
 from tests.helpers.topologies import (
     ClusterTopology,
@@ -33,9 +33,9 @@ from tests.helpers.topologies import (
     make_tls_files,
     task_names_per_node,
 )
+from tests.helpers.wait import wait_for
 
 SCHEDULE = "0 0 * * *"
-LEASE = "cron-runner:{default:%s}:lease"
 
 
 def _effect(effects: Path, hold_s: float = 0.0) -> list[str]:
@@ -306,10 +306,11 @@ def primary_with_replica() -> Iterator[tuple[RedisServer, RedisServer]]:
         replica = RedisServer(extra_args=["--replicaof", "127.0.0.1", str(primary.port)])
         with replica:
             c = replica.client()
-            deadline = time.monotonic() + 15
-            while cast(dict[str, Any], c.info("replication"))["master_link_status"] != "up":
-                assert time.monotonic() < deadline, "the replica never synced"
-                time.sleep(0.02)
+            wait_for(
+                lambda: cast(dict[str, Any], c.info("replication"))["master_link_status"] == "up",
+                15,
+                "the replica to sync",
+            )
             c.close()
             yield primary, replica
 

@@ -17,10 +17,9 @@ import redis
 from runner.devserver import RedisServer, free_port
 from runner.errors import StoreUnavailable
 from tests.helpers.otlp import HungCollector, OtlpReceiver, Point, ReceivedSpan
-from tests.helpers.proc import ROOT, events, outcome, run, runner_env, side_effects, spawn
+from tests.helpers.proc import LEASE, ROOT, events, outcome, run, runner_env, side_effects, spawn
 from tests.helpers.wait import wait_for
 
-LEASE = "cron-runner:{default:%s}:lease"
 TASKS = "tests.sample_tasks,tests.helpers.traced_tasks"
 
 
