@@ -14,7 +14,17 @@ import redis
 
 from runner.devserver import RedisServer
 from runner.errors import Terminated
-from tests.helpers.proc import CRON_RUNNER, LEASE, events, outcome, runner_env, side_effects, spawn
+from tests.helpers.proc import (
+    CRON_RUNNER,
+    LEASE,
+    events,
+    logged,
+    outcome,
+    runner_env,
+    side_effects,
+    spawn,
+    spawn_logged,
+)
 from tests.helpers.wait import wait_for
 
 
@@ -71,9 +81,9 @@ def test_members_of_the_group_killed_with_it_are_not_reported_as_left_outside(
 def test_second_sigterm_does_not_skip_release(
     redis_server: RedisServer, r: redis.Redis, tmp_path: Path
 ) -> None:
-    pidfile = tmp_path / "child.pid"
+    pidfile, log = tmp_path / "child.pid", tmp_path / "runner.log"
     env = runner_env(redis_server.url, CRON_RUNNER_SHUTDOWN_GRACE="1500ms")
-    proc = spawn(
+    proc = spawn_logged(
         [
             "exec",
             "--name",
@@ -84,12 +94,15 @@ def test_second_sigterm_does_not_skip_release(
             f"trap '' TERM; echo $$ > {pidfile}; sleep 60",
         ],
         env,
+        log,
     )
     wait_for(pidfile.exists, what="child start")
     proc.send_signal(signal.SIGTERM)
-    time.sleep(0.3)
+    # The second arrives while the runner is already stopping its task on the first.
+    wait_for(lambda: logged(log, "stopping"), what="the runner to act on the first SIGTERM")
     proc.send_signal(signal.SIGTERM)
-    _, stderr = proc.communicate(timeout=30)
+    proc.wait(timeout=30)
+    stderr = log.read_text()
     assert proc.returncode == 143, stderr
     assert "released" in [e.get("event") for e in events(stderr)]
     assert r.get(LEASE % "twice") is None

@@ -5,11 +5,12 @@ move caught halfway (ASK for a key already moved, TRYAGAIN for a script whose ke
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
+from typing import cast
 
 from redis.crc import key_slot
 
+from runner.devserver import RedisServer
 from runner.keys import TaskKeys
 from tests.fault.common import assert_clean, event
 from tests.fault.conftest import Figure
@@ -24,6 +25,28 @@ SCHEDULE = "0 0 * * *"
 def _env(cluster: ClusterTopology) -> dict[str, str]:
     return runner_env(cluster.url, CRON_RUNNER_REDIS_CLUSTER="true", CRON_RUNNER_LEASE_TTL="3s",
                       CRON_RUNNER_SCHEDULE=SCHEDULE)  # fmt: skip
+
+
+def _pttl_importing(node: RedisServer, key: str) -> int:
+    """The key's PTTL on a node that is importing its slot (ASKING lets us read it there)."""
+    c = node.client()
+    try:
+        pipe = c.pipeline(transaction=False)
+        pipe.execute_command("ASKING")
+        pipe.pttl(key)
+        return int(pipe.execute()[1])
+    finally:
+        c.close()
+
+
+def _errors(node: RedisServer, code: str) -> int:
+    """How many ``code`` error replies the node has sent (INFO errorstats)."""
+    c = node.client()
+    try:
+        stats = cast(dict[str, dict[str, int]], c.info("errorstats"))
+        return int(stats.get(f"errorstat_{code}", {}).get("count", 0))
+    finally:
+        c.close()
 
 
 def test_row5a_slot_moved_to_another_node_mid_run_the_run_follows_it(
@@ -72,8 +95,12 @@ def test_row5b_slot_caught_halfway_ask_and_tryagain_are_retried(
         wait_for(lambda: read_ticks(ticks, "a"), what="A's task to start")
         source = cluster.begin_migration(slot, target)
         cluster.move_keys(slot, source, target, only=[keys.lease])
+        moved_ttl_ms = _pttl_importing(target, keys.lease)
         b = spawn(exec_args("halfway", "pod-b", ticker_command(ticks, "a", seconds=4)), env)
-        time.sleep(1.5)  # A renews through ASK; B's acquisition meets TRYAGAIN
+        # A renews through ASK: the moved lease's TTL, which only runs down, goes back up.
+        wait_for(lambda: _pttl_importing(target, keys.lease) > moved_ttl_ms, what="A to renew")
+        # B's acquisition (lease and fence, now on two nodes) meets TRYAGAIN.
+        wait_for(lambda: _errors(source, "TRYAGAIN") > 0, what="B to meet TRYAGAIN")
         b_waiting = b.poll() is None
         cluster.move_keys(slot, source, target)
         cluster.finish_migration(slot, target)

@@ -188,7 +188,8 @@ def test_row2_holder_frozen_past_its_ttl_wakes_into_a_new_holder_and_exits_4(
             "b",
         )
         assert set(outcomes) <= {"skipped_held"}, outcomes
-        time.sleep(0.2)  # B is running: A wakes into it
+        # B is running (start_when_free returned on its first tick, after its first write to
+        # the sink): A wakes into it.
         resumed_at = time.time()
     finally:
         for group in reversed(groups):

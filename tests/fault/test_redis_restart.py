@@ -18,7 +18,7 @@ from tests.fault.common import (
     start_when_free,
 )
 from tests.fault.conftest import Figure
-from tests.helpers.proc import LEASE, events, outcome, run, runner_env, spawn
+from tests.helpers.proc import LEASE, events, logged, outcome, run, runner_env, spawn, spawn_logged
 from tests.helpers.ticker import read_ticks, ticker_command
 from tests.helpers.wait import wait_for
 
@@ -32,25 +32,28 @@ def _warm_fence(env: dict[str, str], name: str, runs: int) -> None:
 def test_row3a_redis_restarted_with_aof_holder_keeps_its_lease_and_the_fence_goes_on(
     tmp_path: Path, figure: Figure, stop: str
 ) -> None:
-    ticks = tmp_path / "ticks"
+    ticks, a_log = tmp_path / "ticks", tmp_path / "a.log"
     with RedisServer(appendonly=True) as server:
         client = server.client()
         env = runner_env(server.url, CRON_RUNNER_LEASE_TTL="3s")
         _warm_fence(env, "aof", 2)
         # Longer than the TTL: the lease must be renewed across the restart to finish.
-        a = spawn(["exec", "--name", "aof", "--", *ticker_command(ticks, "a", seconds=4)], env)
+        a = spawn_logged(
+            ["exec", "--name", "aof", "--", *ticker_command(ticks, "a", seconds=4)], env, a_log
+        )
         wait_for(lambda: read_ticks(ticks, "a"), what="A's task to start")
         token = client.get(LEASE % "aof")
         down_at = time.monotonic()
         server.stop(kill=stop == "SIGKILL")
-        # Down for longer than a renew interval (ttl/3 = 1 s), so that renewals fail and are
-        # retried, and shorter than the keeper's deadline (ttl - margin - ttl/3 = 1.85 s).
-        time.sleep(1.1)
+        # Down until a renewal has failed (within a renew interval, ttl/3 = 1 s), so that it is
+        # retried, and back well before the keeper's deadline (ttl - margin - ttl/3 = 1.85 s).
+        wait_for(lambda: logged(a_log, "renew_failed"), what="A's renewal to fail")
         server.start()
         down_ms = round((time.monotonic() - down_at) * 1000, 1)
         client = server.client()
         assert client.get(LEASE % "aof") == token  # the lease came back from the AOF
-        _, a_err = a.communicate(timeout=30)
+        a.wait(timeout=30)
+        a_err = a_log.read_text()
         assert_clean(a_err)
         assert (a.returncode, outcome(a_err)) == (0, "ran"), a_err
         failed = sum(e.get("event") == "renew_failed" for e in events(a_err))
