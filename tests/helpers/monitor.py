@@ -2,13 +2,26 @@
 
 from __future__ import annotations
 
+import socket
 import subprocess
 import threading
-import time
+import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
 from runner.devserver import RedisServer
+from tests.helpers.wait import wait_for
+
+
+def _echo(port: int, text: str) -> None:
+    """ECHO over a bare socket: a client library would send its own commands on connect."""
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
+        sock.sendall(f"*2\r\n$4\r\nECHO\r\n${len(text)}\r\n{text}\r\n".encode())
+        reply = b""
+        while not reply.endswith(f"{text}\r\n".encode()):
+            chunk = sock.recv(4096)
+            assert chunk, f"ECHO got {reply!r}"
+            reply += chunk
 
 
 @contextmanager
@@ -22,8 +35,12 @@ def client_commands(server: RedisServer) -> Iterator[Callable[[], list[str]]]:
     seen: list[str] = []
 
     def commands() -> list[str]:
-        time.sleep(0.2)  # MONITOR output is asynchronous
-        return [line for line in seen if " lua]" not in line]
+        # MONITOR output is asynchronous, but in the server's order: once a marker sent now has
+        # come through, so has every command before it.
+        marker = f"monitor-barrier-{uuid.uuid4().hex}"
+        _echo(server.port, marker)
+        wait_for(lambda: any(marker in line for line in seen), what="MONITOR to catch up")
+        return [line for line in seen if " lua]" not in line and "monitor-barrier-" not in line]
 
     def pump() -> None:
         assert proc.stdout is not None

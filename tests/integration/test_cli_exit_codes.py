@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import signal
-import subprocess
 import time
 from pathlib import Path
 from typing import cast
@@ -14,14 +13,15 @@ import redis
 from runner.devserver import RedisServer, free_port
 from runner.errors import EXIT_CANNOT_EXECUTE, EXIT_NOT_FOUND
 from tests.helpers.proc import (
-    CRON_RUNNER,
     LEASE,
     events,
+    logged,
     outcome,
     run,
     runner_env,
     side_effects,
     spawn,
+    spawn_logged,
 )
 from tests.helpers.wait import wait_for
 
@@ -165,6 +165,11 @@ def test_every_minute_schedule_runs_with_default_tolerance(redis_server: RedisSe
     assert "--skew-tolerance" in explicit.stderr
 
 
+def _asleep(pid: int) -> bool:
+    """The process's main thread is in a timed sleep (its kernel wait channel)."""
+    return Path(f"/proc/{pid}/wchan").read_text() == "hrtimer_nanosleep"
+
+
 def test_sigterm_while_redis_is_away_exits_143_without_running(
     effects: Path, tmp_path: Path
 ) -> None:
@@ -176,17 +181,14 @@ def test_sigterm_while_redis_is_away_exits_143_without_running(
         CRON_RUNNER_CONNECT_TIMEOUT="60s",
     )
     log = tmp_path / "stderr.log"
-    with log.open("w") as err:
-        proc = subprocess.Popen(
-            [CRON_RUNNER, "exec", "--name", "x", "--", "sh", "-c", f"echo ran >> {effects}"],
-            env=env, stdout=subprocess.DEVNULL, stderr=err, text=True,
-        )  # fmt: skip
-        # "start" is logged with the signal handlers in place, just before connecting; every
-        # attempt is then refused at once and retried with backoff.
-        wait_for(lambda: '"event": "start"' in log.read_text(), what="the run to start")
-        time.sleep(0.3)
-        proc.send_signal(signal.SIGTERM)
-        proc.wait(timeout=20)  # far below the 60 s deadline
+    proc = spawn_logged(["exec", "--name", "x", "--", "sh", "-c", f"echo ran >> {effects}"],
+                        env, log)  # fmt: skip
+    # "start" is logged with the signal handlers in place, just before connecting; every
+    # attempt is then refused at once and retried with backoff: the signal lands in a backoff.
+    wait_for(lambda: logged(log, "start"), what="the run to start")
+    wait_for(lambda: _asleep(proc.pid), what="the runner to back off between attempts")
+    proc.send_signal(signal.SIGTERM)
+    proc.wait(timeout=20)  # far below the 60 s deadline
     stderr = log.read_text()
     assert proc.returncode == 143, stderr
     assert outcome(stderr) == "terminated"

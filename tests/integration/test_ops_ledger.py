@@ -6,9 +6,8 @@ from __future__ import annotations
 
 import json
 import subprocess
-import time
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, cast
 
 import redis
 
@@ -122,6 +121,12 @@ def test_ack_needs_a_slot_or_all_and_a_readable_slot(redis_server: RedisServer) 
         assert "Traceback" not in res.stderr
 
 
+def _status(env: dict[str, str], task: str) -> dict[str, Any]:
+    res = run(["status", task, "-o", "json"], env)
+    assert res.returncode == 0, res.stderr
+    return cast(dict[str, Any], json.loads(res.stdout)["tasks"][0])
+
+
 def test_a_run_over_its_max_runtime_is_reported(redis_server: RedisServer) -> None:
     plain = runner_env(redis_server.url)
     env = runner_env(redis_server.url, CRON_RUNNER_MAX_RUNTIME="1s")
@@ -133,7 +138,7 @@ def test_a_run_over_its_max_runtime_is_reported(redis_server: RedisServer) -> No
         wait_for(lambda: client.exists("cron-runner:{default:slow}:lease"), timeout_s=10)
         quick = json.loads(run(["status", "slow", "-o", "json"], plain).stdout)["tasks"][0]
         assert quick["running_since"] is not None
-        time.sleep(1.5)
+        wait_for(lambda: _status(plain, "slow")["over_max_runtime"], what="the run to pass 1 s")
         dog = run(["watchdog", "-o", "json"], plain)
         assert dog.returncode == 1, dog.stdout
         (late,) = json.loads(dog.stdout)["over_max_runtime"]

@@ -106,11 +106,14 @@ def test_ten_enqueue_replicas_send_one_message_and_a_retried_job_none(
     # The worker runs it once, with the slot and the fencing token taken at enqueue.
     start_worker(workers, queue_env(redis_server))
     wait_for(lambda: effects(r, "ran"), 20, "the job to run")
-    time.sleep(0.5)
+    # Done with it: the worker has written the run's state and acknowledged the message.
+    state_key = TaskKeys("cron-runner", "default", "q-ok").state
+    wait_for(lambda: r.hget(state_key, "last_outcome") == "ran", 20, "the run's state")
+    wait_for(lambda: stats(r, "q-ok").in_flight == 0, 20, "the message to be acknowledged")
     (ran,) = effects(r, "ran")
     assert (ran["slot"], ran["fence"], ran["holder"]) == (slot, sent["fence"], "w0")
     assert stats(r, "q-ok") == stats(r, "q-ok").__class__("q-ok", 0, 0, 0, 0)
-    state = cast(dict[str, str], r.hgetall(TaskKeys("cron-runner", "default", "q-ok").state))
+    state = cast(dict[str, str], r.hgetall(state_key))
     assert state["last_outcome"] == "ran"
     assert state["last_enqueued_slot"] == str(slot)
     assert state["last_success_slot"] == str(slot)

@@ -3,6 +3,7 @@ real `cron-runner serve` process on a free port."""
 
 from __future__ import annotations
 
+import json
 import signal
 import subprocess
 import time
@@ -46,6 +47,12 @@ def _pod(url: str, task: str, schedule: str, slot_s: int, **extra: str) -> dict[
 
 def _ok(res: subprocess.CompletedProcess[str], code: int = 0) -> None:
     assert res.returncode == code, res.stderr
+
+
+def _over_max_runtime(env: dict[str, str], task: str) -> bool:
+    res = run(["status", task, "-o", "json"], env)
+    assert res.returncode == 0, res.stderr
+    return bool(json.loads(res.stdout)["tasks"][0]["over_max_runtime"])
 
 
 def build_world(server: RedisServer) -> World:
@@ -112,7 +119,7 @@ def build_world(server: RedisServer) -> World:
         worker.terminate()
         worker.wait()
         worker.stop()
-    time.sleep(1.2)  # the slow run is now over its max runtime
+    wait_for(lambda: _over_max_runtime(env, "slow"), what="the slow run to pass its max runtime")
     return World(server, {**env, "CRON_RUNNER_TASK_MODULES": TASK_MODULES}, running)
 
 
