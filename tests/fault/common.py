@@ -41,6 +41,14 @@ def assert_clean(stderr: str) -> None:
     assert "Traceback" not in stderr, stderr
 
 
+def finished(*procs: subprocess.Popen[str]) -> list[str]:
+    """Wait for each run to end; their stderr, each a documented outcome, never a crash."""
+    errs = [proc.communicate(timeout=30)[1] for proc in procs]
+    for err in errs:
+        assert_clean(err)
+    return errs
+
+
 def run_until_ran(
     args: list[str], env: dict[str, str], *, timeout_s: float = 30
 ) -> tuple[subprocess.CompletedProcess[str], list[str]]:

@@ -17,13 +17,12 @@ from runner.errors import Terminated
 from tests.helpers.proc import (
     CRON_RUNNER,
     LEASE,
+    LoggedRun,
     events,
-    logged,
     outcome,
     runner_env,
     side_effects,
     spawn,
-    spawn_logged,
 )
 from tests.helpers.wait import wait_for
 
@@ -83,7 +82,7 @@ def test_second_sigterm_does_not_skip_release(
 ) -> None:
     pidfile, log = tmp_path / "child.pid", tmp_path / "runner.log"
     env = runner_env(redis_server.url, CRON_RUNNER_SHUTDOWN_GRACE="1500ms")
-    proc = spawn_logged(
+    proc = LoggedRun(
         [
             "exec",
             "--name",
@@ -99,10 +98,9 @@ def test_second_sigterm_does_not_skip_release(
     wait_for(pidfile.exists, what="child start")
     proc.send_signal(signal.SIGTERM)
     # The second arrives while the runner is already stopping its task on the first.
-    wait_for(lambda: logged(log, "stopping"), what="the runner to act on the first SIGTERM")
+    wait_for(lambda: proc.logged("stopping"), what="the runner to act on the first SIGTERM")
     proc.send_signal(signal.SIGTERM)
-    proc.wait(timeout=30)
-    stderr = log.read_text()
+    stderr = proc.finish()
     assert proc.returncode == 143, stderr
     assert "released" in [e.get("event") for e in events(stderr)]
     assert r.get(LEASE % "twice") is None

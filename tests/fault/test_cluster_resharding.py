@@ -12,7 +12,7 @@ from redis.crc import key_slot
 
 from runner.devserver import RedisServer
 from runner.keys import TaskKeys
-from tests.fault.common import assert_clean, event
+from tests.fault.common import assert_clean, event, finished
 from tests.fault.conftest import Figure
 from tests.helpers.proc import LEASE, events, exec_args, outcome, run, runner_env, spawn
 from tests.helpers.ticker import read_ticks, ticker_command
@@ -104,10 +104,7 @@ def test_row5b_slot_caught_halfway_ask_and_tryagain_are_retried(
         b_waiting = b.poll() is None
         cluster.move_keys(slot, source, target)
         cluster.finish_migration(slot, target)
-        _, a_err = a.communicate(timeout=30)
-        _, b_err = b.communicate(timeout=30)
-    assert_clean(a_err)
-    assert_clean(b_err)
+        a_err, b_err = finished(a, b)
     assert (a.returncode, outcome(a_err)) == (0, "ran"), a_err
     assert b.returncode == 0, b_err
     assert outcome(b_err) in ("skipped_held", "skipped_done"), b_err

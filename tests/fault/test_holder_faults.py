@@ -25,6 +25,7 @@ from tests.fault.common import (
     assert_clean,
     event,
     event_time,
+    finished,
     freeze_outside_a_sink_write,
     overlap_ms,
     run_until_ran,
@@ -194,10 +195,7 @@ def test_row2_holder_frozen_past_its_ttl_wakes_into_a_new_holder_and_exits_4(
     finally:
         for group in reversed(groups):
             os.killpg(group, signal.SIGCONT)
-    _, a_err = a.communicate(timeout=30)
-    _, b_err = b.communicate(timeout=30)
-    assert_clean(a_err)
-    assert_clean(b_err)
+    a_err, b_err = finished(a, b)
     assert (a.returncode, outcome(a_err)) == (LeaseLost.exit_code, "lease_lost"), a_err
     assert (b.returncode, outcome(b_err)) == (0, "ran"), b_err
     assert not _alive(child)
@@ -254,10 +252,7 @@ def test_row2b_runner_frozen_alone_its_supervisor_kills_the_command_before_the_l
     finally:
         os.killpg(a.pid, signal.SIGCONT)
     frozen_s = time.time() - frozen_at
-    _, a_err = a.communicate(timeout=30)
-    _, b_err = b.communicate(timeout=30)
-    assert_clean(a_err)
-    assert_clean(b_err)
+    a_err, b_err = finished(a, b)
     assert (a.returncode, outcome(a_err)) == (LeaseLost.exit_code, "lease_lost"), a_err
     assert (b.returncode, outcome(b_err)) == (0, "ran"), b_err
     assert not _alive(child)

@@ -19,16 +19,7 @@ from tests.fault.common import (
     run_until_ran,
 )
 from tests.fault.conftest import Figure
-from tests.helpers.proc import (
-    LEASE,
-    events,
-    exec_args,
-    logged,
-    outcome,
-    runner_env,
-    spawn,
-    spawn_logged,
-)
+from tests.helpers.proc import LEASE, LoggedRun, events, exec_args, outcome, runner_env, spawn
 from tests.helpers.tcpproxy import TcpProxy
 from tests.helpers.ticker import read_ticks, ticker_command
 from tests.helpers.wait import wait_for
@@ -120,18 +111,17 @@ def test_row6c_connections_dropped_and_refused_briefly_the_keeper_reconnects(
 ) -> None:
     ticks, a_log = tmp_path / "ticks", tmp_path / "a.log"
     env = runner_env(f"redis://127.0.0.1:{proxy.port}/0", CRON_RUNNER_LEASE_TTL="2s")
-    a = spawn_logged(exec_args("blip", "pod-a", ticker_command(ticks, "a", seconds=3)), env, a_log)
+    a = LoggedRun(exec_args("blip", "pod-a", ticker_command(ticks, "a", seconds=3)), env, a_log)
     wait_for(lambda: read_ticks(ticks, "a"), what="A's task to start")
     proxy.refuse()
     proxy.drop()
     cut_at = time.monotonic()
     # Cut until a renewal has failed (within a renew interval, 0.67 s), so that it is retried,
     # and healed well before the keeper's deadline (1.23 s).
-    wait_for(lambda: logged(a_log, "renew_failed"), what="A's renewal to fail")
+    wait_for(lambda: a.logged("renew_failed"), what="A's renewal to fail")
     outage_ms = round((time.monotonic() - cut_at) * 1000)
     proxy.heal()
-    a.wait(timeout=30)
-    a_err = a_log.read_text()
+    a_err = a.finish()
     assert_clean(a_err)
     assert (a.returncode, outcome(a_err)) == (0, "ran"), a_err
     retried = sum(e.get("event") == "renew_failed" for e in events(a_err))

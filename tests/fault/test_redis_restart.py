@@ -13,12 +13,13 @@ from runner.devserver import RedisServer
 from tests.fault.common import (
     assert_clean,
     event,
+    finished,
     overlap_ms,
     stale_writes_accepted,
     start_when_free,
 )
 from tests.fault.conftest import Figure
-from tests.helpers.proc import LEASE, events, logged, outcome, run, runner_env, spawn, spawn_logged
+from tests.helpers.proc import LEASE, LoggedRun, events, outcome, run, runner_env, spawn
 from tests.helpers.ticker import read_ticks, ticker_command
 from tests.helpers.wait import wait_for
 
@@ -38,7 +39,7 @@ def test_row3a_redis_restarted_with_aof_holder_keeps_its_lease_and_the_fence_goe
         env = runner_env(server.url, CRON_RUNNER_LEASE_TTL="3s")
         _warm_fence(env, "aof", 2)
         # Longer than the TTL: the lease must be renewed across the restart to finish.
-        a = spawn_logged(
+        a = LoggedRun(
             ["exec", "--name", "aof", "--", *ticker_command(ticks, "a", seconds=4)], env, a_log
         )
         wait_for(lambda: read_ticks(ticks, "a"), what="A's task to start")
@@ -47,13 +48,12 @@ def test_row3a_redis_restarted_with_aof_holder_keeps_its_lease_and_the_fence_goe
         server.stop(kill=stop == "SIGKILL")
         # Down until a renewal has failed (within a renew interval, ttl/3 = 1 s), so that it is
         # retried, and back well before the keeper's deadline (ttl - margin - ttl/3 = 1.85 s).
-        wait_for(lambda: logged(a_log, "renew_failed"), what="A's renewal to fail")
+        wait_for(lambda: a.logged("renew_failed"), what="A's renewal to fail")
         server.start()
         down_ms = round((time.monotonic() - down_at) * 1000, 1)
         client = server.client()
         assert client.get(LEASE % "aof") == token  # the lease came back from the AOF
-        a.wait(timeout=30)
-        a_err = a_log.read_text()
+        a_err = a.finish()
         assert_clean(a_err)
         assert (a.returncode, outcome(a_err)) == (0, "ran"), a_err
         failed = sum(e.get("event") == "renew_failed" for e in events(a_err))
@@ -97,10 +97,7 @@ def test_row3b_redis_restarted_without_persistence_holder_detects_the_loss(
             ["exec", "--name", "volatile", "--holder", "pod-b", "--",
              *ticker_command(ticks, "b", seconds=1.5, sink=sink)], env, ticks, "b",
         )  # fmt: skip
-        _, a_err = a.communicate(timeout=30)
-        _, b_err = b.communicate(timeout=30)
-    assert_clean(a_err)
-    assert_clean(b_err)
+        a_err, b_err = finished(a, b)
     assert (a.returncode, outcome(a_err)) == (75, "lease_lost"), a_err
     # Refused at the next renewal: the lease is free, or already B's.
     assert "renew refused: not the lease owner" in event(a_err, "lease_lost")["msg"]

@@ -12,6 +12,7 @@ from runner.errors import StoreUnavailable
 from tests.fault.common import (
     assert_clean,
     event,
+    finished,
     overlap_ms,
     run_until_ran,
     stale_writes_accepted,
@@ -108,10 +109,7 @@ def test_row4b_failover_without_replica_acks_loses_the_lease_and_shows_the_windo
             exec_args("window", "pod-b", ticker_command(ticks, "b", seconds=1.5, sink=sink)),
             env, ticks, "b",
         )  # fmt: skip
-        _, a_err = a.communicate(timeout=30)
-        _, b_err = b.communicate(timeout=30)
-    assert_clean(a_err)
-    assert_clean(b_err)
+        a_err, b_err = finished(a, b)
     assert (a.returncode, outcome(a_err)) == (75, "lease_lost"), a_err
     assert "renew refused: not the lease owner (lease is held by pod-b)" in a_err
     assert (b.returncode, outcome(b_err)) == (0, "ran"), b_err

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import os
 import signal
-import subprocess
 import time
 from pathlib import Path
 from typing import cast
@@ -16,15 +15,7 @@ from runner.devserver import RedisServer
 from runner.errors import LeaseLost, Terminated
 from tests.fault.common import assert_clean, event_time
 from tests.fault.conftest import Figure
-from tests.helpers.proc import (
-    events,
-    logged,
-    outcome,
-    runner_env,
-    side_effects,
-    spawn,
-    spawn_logged,
-)
+from tests.helpers.proc import LoggedRun, events, outcome, runner_env, side_effects, spawn
 from tests.helpers.ticker import children
 from tests.helpers.wait import wait_for
 
@@ -49,11 +40,6 @@ def _exec(holder: str, effects: Path, seconds: float = 2) -> list[str]:
     return ["exec", "--name", "report", "--holder", holder, "--", *_task(effects, seconds)]
 
 
-def _finished(proc: subprocess.Popen[str], log: Path) -> tuple[str, int]:
-    code = proc.wait(timeout=60)
-    return log.read_text(), code
-
-
 def test_a_kill9ed_holders_slot_runs_exactly_once_more_and_is_marked(
     redis_server: RedisServer, tmp_path: Path, figure: Figure
 ) -> None:
@@ -64,19 +50,18 @@ def test_a_kill9ed_holders_slot_runs_exactly_once_more_and_is_marked(
     a = spawn(_exec("pod-a", effects), env)
     wait_for(lambda: side_effects(effects, "start"), what="A's task to start")
     logs = {name: tmp_path / f"{name}.log" for name in ("pod-b", "pod-c", "pod-a-retry")}
-    others = {
-        name: spawn_logged(_exec(name, effects), env, logs[name]) for name in ("pod-b", "pod-c")
-    }
+    others = {name: LoggedRun(_exec(name, effects), env, logs[name]) for name in ("pod-b", "pod-c")}
     # B and C started with A: both wait on its lease before it dies.
-    wait_for(lambda: all(logged(logs[n], "waiting") for n in others), what="B and C to wait")
+    wait_for(lambda: all(p.logged("waiting") for p in others.values()), what="B and C to wait")
     os.kill(a.pid, signal.SIGKILL)  # a node crash: no release, no record
     killed_at = time.time()
     a.communicate(timeout=10)
     # The Job's retry, 10 s after the first pod started (the scenario, not a synchronisation).
     time.sleep(max(0.0, started + 10 - time.monotonic()))
-    others["pod-a-retry"] = spawn_logged(_exec("pod-a-retry", effects), env, logs["pod-a-retry"])
+    others["pod-a-retry"] = LoggedRun(_exec("pod-a-retry", effects), env, logs["pod-a-retry"])
 
-    results = {name: ("", *_finished(p, logs[name])) for name, p in others.items()}
+    results = {name: ("", p.finish(60), p.returncode)
+               for name, p in others.items()}  # fmt: skip
     for _, stderr, _ in results.values():
         assert_clean(stderr)
     outcomes = {name: str(outcome(stderr)) for name, (_, stderr, _) in results.items()}
@@ -139,11 +124,10 @@ def test_a_holder_neither_renewing_nor_gone_within_the_wait_is_not_reported_done
         assert_clean(b_err)
         assert (outcome(b_err), b.returncode) == ("skipped_held", LeaseLost.exit_code), b_err
         c_log = tmp_path / "c.log"
-        c = spawn_logged(_exec("pod-c", effects), env, c_log)
-        wait_for(lambda: logged(c_log, "waiting"), what="C to wait")
+        c = LoggedRun(_exec("pod-c", effects), env, c_log)
+        wait_for(lambda: c.logged("waiting"), what="C to wait")
         c.send_signal(signal.SIGTERM)
-        c.wait(timeout=10)
-        c_err = c_log.read_text()
+        c_err = c.finish(10)
         assert_clean(c_err)
         assert (outcome(c_err), c.returncode) == ("terminated", Terminated.exit_code), c_err
     finally:

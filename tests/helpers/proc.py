@@ -33,6 +33,21 @@ def runner_env(redis_url: str, **extra: str) -> dict[str, str]:
     return env
 
 
+def cronjob_env(
+    redis_url: str, task: str, schedule: str, slot_s: int, **extra: str
+) -> dict[str, str]:
+    """The environment of the pod that CronJob ``release-<task>`` starts for slot ``slot_s``."""
+    cronjob = f"release-{task}"
+    return runner_env(
+        redis_url,
+        CRON_RUNNER_JOB_NAME=f"{cronjob}-{slot_s // 60}",
+        CRON_RUNNER_CRONJOB_NAME=cronjob,
+        CRON_RUNNER_SCHEDULE=schedule,
+        CRON_RUNNER_SLOT_RETENTION="168h",  # tests use slots days old: older are not run
+        **extra,
+    )
+
+
 def exec_args(name: str, holder: str, command: list[str]) -> list[str]:
     """``cron-runner exec`` of ``command`` as task ``name`` by ``holder`` (a pod's name)."""
     return ["exec", "--name", name, "--holder", holder, "--", *command]
@@ -57,21 +72,26 @@ def spawn(args: list[str], env: dict[str, str], **kwargs: Any) -> subprocess.Pop
     )
 
 
-def spawn_logged(
-    args: list[str], env: dict[str, str], log: Path, **kwargs: Any
-) -> subprocess.Popen[str]:
-    """Like ``spawn``, but stderr goes to ``log`` as it is written, so a test can wait for a
-    log line (``logged``) while the run goes on. ``log.read_text()`` is its stderr."""
-    with log.open("w") as err:
-        return subprocess.Popen(
-            [CRON_RUNNER, *args], env=env, stdout=subprocess.DEVNULL, stderr=err, text=True,
-            **kwargs,
-        )  # fmt: skip
+class LoggedRun(subprocess.Popen[str]):
+    """Like ``spawn``, but stderr goes to ``log`` as it is written, so that a test can wait
+    for a log line while the run goes on."""
 
+    def __init__(self, args: list[str], env: dict[str, str], log: Path, **kwargs: Any) -> None:
+        self.log = log
+        with log.open("w") as err:
+            super().__init__(
+                [CRON_RUNNER, *args], env=env, stdout=subprocess.DEVNULL, stderr=err, text=True,
+                **kwargs,
+            )  # fmt: skip
 
-def logged(log: Path, event: str) -> bool:
-    """Whether the runner writing to ``log`` has logged ``event`` yet."""
-    return log.exists() and any(e.get("event") == event for e in events(log.read_text()))
+    def logged(self, event: str) -> bool:
+        """Whether the runner has logged ``event`` yet."""
+        return any(e.get("event") == event for e in events(self.log.read_text()))
+
+    def finish(self, timeout: float = 30) -> str:
+        """Wait for the run to end; returns its stderr."""
+        self.wait(timeout=timeout)
+        return self.log.read_text()
 
 
 def events(stderr: str) -> list[dict[str, Any]]:

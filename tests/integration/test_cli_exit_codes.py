@@ -14,14 +14,13 @@ from runner.devserver import RedisServer, free_port
 from runner.errors import EXIT_CANNOT_EXECUTE, EXIT_NOT_FOUND
 from tests.helpers.proc import (
     LEASE,
+    LoggedRun,
     events,
-    logged,
     outcome,
     run,
     runner_env,
     side_effects,
     spawn,
-    spawn_logged,
 )
 from tests.helpers.wait import wait_for
 
@@ -181,15 +180,14 @@ def test_sigterm_while_redis_is_away_exits_143_without_running(
         CRON_RUNNER_CONNECT_TIMEOUT="60s",
     )
     log = tmp_path / "stderr.log"
-    proc = spawn_logged(["exec", "--name", "x", "--", "sh", "-c", f"echo ran >> {effects}"],
+    proc = LoggedRun(["exec", "--name", "x", "--", "sh", "-c", f"echo ran >> {effects}"],
                         env, log)  # fmt: skip
     # "start" is logged with the signal handlers in place, just before connecting; every
     # attempt is then refused at once and retried with backoff: the signal lands in a backoff.
-    wait_for(lambda: logged(log, "start"), what="the run to start")
+    wait_for(lambda: proc.logged("start"), what="the run to start")
     wait_for(lambda: _asleep(proc.pid), what="the runner to back off between attempts")
     proc.send_signal(signal.SIGTERM)
-    proc.wait(timeout=20)  # far below the 60 s deadline
-    stderr = log.read_text()
+    stderr = proc.finish(20)  # far below the 60 s deadline
     assert proc.returncode == 143, stderr
     assert outcome(stderr) == "terminated"
     assert "stopped while Redis" in stderr

@@ -12,7 +12,7 @@ from typing import Any, cast
 import redis
 
 from runner.devserver import RedisServer
-from tests.helpers.proc import CRON_RUNNER, run, runner_env, spawn
+from tests.helpers.proc import CRON_RUNNER, cronjob_env, run, runner_env, spawn
 from tests.helpers.wait import wait_for
 
 HOURLY = "0 * * * *"
@@ -28,14 +28,7 @@ def _at(hour: int, minute: int = 0) -> int:
 
 
 def _pod(redis_url: str, task: str, slot_s: int) -> dict[str, str]:
-    cronjob = f"release-{task}"
-    return runner_env(
-        redis_url,
-        CRON_RUNNER_JOB_NAME=f"{cronjob}-{slot_s // 60}",
-        CRON_RUNNER_CRONJOB_NAME=cronjob,
-        CRON_RUNNER_SCHEDULE=HOURLY,
-        CRON_RUNNER_SLOT_RETENTION="168h",  # the slots here are days old: older are not run
-    )
+    return cronjob_env(redis_url, task, HOURLY, slot_s)
 
 
 def _faked(at_s: int, args: list[str], env: dict[str, str]) -> subprocess.CompletedProcess[str]:

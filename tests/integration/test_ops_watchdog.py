@@ -16,22 +16,9 @@ import redis
 
 from runner.devserver import RedisServer
 from runner.slots import Schedule
-from tests.helpers.proc import CRON_RUNNER, events, run, runner_env
+from tests.helpers.proc import CRON_RUNNER, cronjob_env, events, run, runner_env
 
 DAY_S = 86_400
-
-
-def _cronjob_env(redis_url: str, task: str, schedule: str, slot_s: int) -> dict[str, str]:
-    """What the chart gives a CronJob pod of ``task`` for the Job of ``slot_s``. The slots here
-    are days old, so the marker retention is set above that: older slots are not run."""
-    cronjob = f"release-{task}"
-    return runner_env(
-        redis_url,
-        CRON_RUNNER_JOB_NAME=f"{cronjob}-{slot_s // 60}",
-        CRON_RUNNER_CRONJOB_NAME=cronjob,
-        CRON_RUNNER_SCHEDULE=schedule,
-        CRON_RUNNER_SLOT_RETENTION="168h",
-    )
 
 
 def _watchdog(env: dict[str, str], *args: str) -> tuple[int, Any, str]:
@@ -44,7 +31,7 @@ def test_a_cronjob_that_stopped_running_is_overdue_with_its_missed_slots(
 ) -> None:
     schedule = Schedule.parse("0 3 * * *", "UTC", 0)
     old_slot = schedule.previous_at_or_before(time.time() - 2 * DAY_S)
-    env = _cronjob_env(redis_server.url, "nightly", "0 3 * * *", old_slot)
+    env = cronjob_env(redis_server.url, "nightly", "0 3 * * *", old_slot)
     assert run(["exec", "--name", "nightly", "--", "true"], env).returncode == 0
     # Healthy neighbour: ran its current slot.
     fresh = runner_env(redis_server.url, CRON_RUNNER_SCHEDULE="*/5 * * * *")
@@ -116,7 +103,7 @@ def test_a_run_made_two_days_ago_under_faketime(redis_server: RedisServer) -> No
 def test_a_task_that_only_ever_failed_is_overdue(redis_server: RedisServer) -> None:
     schedule = Schedule.parse("30 * * * *", "UTC", 0)
     slot = schedule.previous_at_or_before(time.time() - 3 * 3600)
-    env = _cronjob_env(redis_server.url, "flaky", "30 * * * *", slot)
+    env = cronjob_env(redis_server.url, "flaky", "30 * * * *", slot)
     assert run(["exec", "--name", "flaky", "--", "false"], env).returncode == 1
     code, doc, _ = _watchdog(runner_env(redis_server.url))
     assert code == 1
@@ -140,7 +127,7 @@ def test_healthy_and_unknown_tasks_exit_0(redis_server: RedisServer, r: redis.Re
     # Another scope's overdue task is not this scope's business.
     old = Schedule.parse("0 3 * * *", "UTC", 0).previous_at_or_before(time.time() - 2 * DAY_S)
     other = {
-        **_cronjob_env(redis_server.url, "nightly", "0 3 * * *", old),
+        **cronjob_env(redis_server.url, "nightly", "0 3 * * *", old),
         "CRON_RUNNER_SCOPE": "other",
     }
     assert run(["exec", "--name", "nightly", "--", "true"], other).returncode == 0
@@ -156,7 +143,7 @@ def test_healthy_and_unknown_tasks_exit_0(redis_server: RedisServer, r: redis.Re
 def test_a_long_tolerance_excuses_a_late_run(redis_server: RedisServer) -> None:
     schedule = Schedule.parse("0 3 * * *", "UTC", 0)
     old_slot = schedule.previous_at_or_before(time.time() - 2 * DAY_S)
-    env = _cronjob_env(redis_server.url, "nightly", "0 3 * * *", old_slot)
+    env = cronjob_env(redis_server.url, "nightly", "0 3 * * *", old_slot)
     assert run(["exec", "--name", "nightly", "--", "true"], env).returncode == 0
     assert _watchdog(runner_env(redis_server.url), "--tolerance", "72h")[0] == 0
 
@@ -223,7 +210,7 @@ def test_forget_drops_a_removed_task_from_the_watchdog(
 ) -> None:
     schedule = Schedule.parse("0 3 * * *", "UTC", 0)
     old_slot = schedule.previous_at_or_before(time.time() - 2 * DAY_S)
-    env = _cronjob_env(redis_server.url, "removed", "0 3 * * *", old_slot)
+    env = cronjob_env(redis_server.url, "removed", "0 3 * * *", old_slot)
     assert run(["exec", "--name", "removed", "--", "true"], env).returncode == 0
     plain = runner_env(redis_server.url)
     text = run(["watchdog"], plain)

@@ -18,7 +18,7 @@ import pytest
 
 from runner.devserver import RedisServer
 from runner.slots import Schedule
-from tests.helpers.proc import events, run, runner_env, spawn
+from tests.helpers.proc import cronjob_env, events, run, runner_env, spawn
 from tests.helpers.wait import clear_of_slot_edge, wait_for
 from tests.queue.helpers import TASK_MODULES, WorkerProc, queue_env
 
@@ -31,18 +31,6 @@ class World:
     server: RedisServer
     env: dict[str, str]
     running: subprocess.Popen[str]
-
-
-def _pod(url: str, task: str, schedule: str, slot_s: int, **extra: str) -> dict[str, str]:
-    cronjob = f"release-{task}"
-    return runner_env(
-        url,
-        CRON_RUNNER_JOB_NAME=f"{cronjob}-{slot_s // 60}",
-        CRON_RUNNER_CRONJOB_NAME=cronjob,
-        CRON_RUNNER_SCHEDULE=schedule,
-        CRON_RUNNER_SLOT_RETENTION="168h",  # the slots here are days old: older are not run
-        **extra,
-    )
 
 
 def _ok(res: subprocess.CompletedProcess[str], code: int = 0) -> None:
@@ -97,7 +85,10 @@ def build_world(server: RedisServer) -> World:
     # Overdue: a nightly task whose last run was two days ago, its misses in the ledger.
     nightly = Schedule.parse("0 3 * * *", "UTC", 0).previous_at_or_before(time.time() - 2 * DAY_S)
     _ok(
-        run(["exec", "--name", "nightly", "--", "true"], _pod(url, "nightly", "0 3 * * *", nightly))
+        run(
+            ["exec", "--name", "nightly", "--", "true"],
+            cronjob_env(url, "nightly", "0 3 * * *", nightly),
+        )
     )
     _ok(run(["watchdog"], env), 1)
 
