@@ -132,7 +132,9 @@ ACL_COMMANDS = [w for w in ACL_RULE.split() if w.startswith("+")]
 # Added for Redis Cluster (redis-py reads the slot table and the command table; ASKING
 # follows a slot being moved), and for status, history, watchdog and unlock.
 ACL_CLUSTER = "+cluster|slots +command +asking"
-ACL_OPS = "+scan +hgetall +xrange +xrevrange +hsetnx +smembers +srem +zrange +exists +zadd +zrem +hdel"
+ACL_OPS = (
+    "+scan +hgetall +xrange +xrevrange +hsetnx +smembers +srem +zrange +exists +zadd +zrem +hdel"
+)
 # Added when the URL names a database other than 0: redis-py selects it on connect.
 ACL_DB = "+select"
 
