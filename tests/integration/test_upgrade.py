@@ -8,6 +8,7 @@ real minutes to pass. The old release is built once per test session."""
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import subprocess
@@ -23,8 +24,10 @@ from runner.devserver import RedisServer
 from runner.errors import ConfigError
 from runner.lease import PROTOCOL
 from tests.helpers.proc import CRON_RUNNER, ROOT, events, runner_env
+from tests.helpers.wait import wait_for
 
 PREVIOUS = "b170e33"
+LEASE_KEY = "cron-runner:{default:mixed}:lease"
 pytestmark = pytest.mark.upgrade
 
 
@@ -67,6 +70,10 @@ def _json(binary: str, args: list[str], env: dict[str, str]) -> Any:
     return json.loads(res.stdout)
 
 
+def _took_or_ended(client: Any, proc: subprocess.Popen[str]) -> bool:
+    return bool(client.exists(LEASE_KEY)) or proc.poll() is not None
+
+
 def test_previous_and_new_runner_share_a_redis_without_running_a_slot_twice(
     redis_server: RedisServer, previous_runner: str, tmp_path: Path
 ) -> None:
@@ -76,15 +83,21 @@ def test_previous_and_new_runner_share_a_redis_without_running_a_slot_twice(
     sides = {"old": previous_runner, "new": CRON_RUNNER}
     first_minute = int(time.time() // 60) - 25
     outcomes: dict[str, list[str]] = {"old": [], "new": []}
+    client = redis_server.client()
     for i in range(20):
         job = f"mixed-{first_minute + i}"
         order = ["old", "new"] if i % 2 == 0 else ["new", "old"]
-        procs = {
-            side: _start(sides[side], ["exec", "--name", "mixed", "--holder", f"pod-{side}",
-                                       "--", *command],
-                         _env(redis_server.url, CRON_RUNNER_JOB_NAME=job, SIDE=side))
-            for side in order
-        }  # fmt: skip
+        procs = {}
+        for side in order:
+            procs[side] = _start(sides[side], ["exec", "--name", "mixed", "--holder",
+                                               f"pod-{side}", "--", *command],
+                                 _env(redis_server.url, CRON_RUNNER_JOB_NAME=job, SIDE=side))  # fmt: skip
+            # Every other pair of slots, the first side has taken the lease before the second
+            # starts, so each version is seen holding it; in the rest both race from the start
+            # (the new one, quicker to start, mostly wins those).
+            if side == order[0] and i % 4 < 2:
+                wait_for(functools.partial(_took_or_ended, client, procs[side]),
+                         what=f"the {side} runner to take the lease")  # fmt: skip
         for side, proc in procs.items():
             _, stderr = proc.communicate(timeout=60)
             assert proc.returncode == 0, stderr
@@ -126,7 +139,6 @@ def test_previous_and_new_runner_share_a_redis_without_running_a_slot_twice(
     assert len(histories["new"]) == 20
     assert {run["holder"] for run in histories["new"]} == {"pod-old", "pod-new"}
     # The new runner stored its protocol for runners that check it; the old one ignores it.
-    client = redis_server.client()
     assert client.hget("cron-runner:{default:mixed}:meta", "protocol") == str(PROTOCOL)
     assert os.path.exists(previous_runner)
 
