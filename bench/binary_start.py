@@ -96,7 +96,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.redis_url:
         samples = measure(commands, args.redis_url, args.runs)
     else:
-        from runner.devserver import RedisServer  # noqa: PLC0415 - not in the image
+        from runner.testing import RedisServer  # noqa: PLC0415 - not in the image
 
         with RedisServer() as server:
             samples = measure(commands, server.url, args.runs)

@@ -21,7 +21,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from runner.devserver import RedisServer
+from runner.testing import RedisServer
 
 ROOT = Path(__file__).resolve().parent.parent
 LEASE_CYCLE = ROOT / "bench" / "lease_cycle.py"

@@ -20,7 +20,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-from runner.devserver import RedisServer
+from runner.testing import RedisServer
 
 NOT_READY = 2
 

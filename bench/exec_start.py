@@ -24,7 +24,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from runner.devserver import RedisServer
+from runner.testing import RedisServer
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -91,9 +91,9 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def print_supervisor_cost(runs: int) -> None:
-    import runner.cli  # noqa: PLC0415 - the runner's modules, for a fork of its size
-    import runner.execution  # noqa: F401, PLC0415
-    from runner.supervisor import Supervisor  # noqa: PLC0415
+    import runner.cli.main  # noqa: PLC0415 - the runner's modules, for a fork of its size
+    import runner.run.execution  # noqa: F401, PLC0415
+    from runner.run.supervisor import Supervisor  # noqa: PLC0415
 
     command = subprocess.Popen(["sleep", "60"], process_group=0)
     started_ms, stopped_ms = [], []

@@ -37,9 +37,9 @@ from typing import Any, ClassVar, cast
 import redis
 from redis.connection import Connection, ConnectionPool
 
-from runner.devserver import RedisServer
 from runner.keys import TaskKeys
-from runner.lease import Acquired, Fields, Held, Lease, SlotDone, new_token
+from runner.lease.scripts import Acquired, Fields, Held, Lease, SlotDone, new_token
+from runner.testing import RedisServer
 
 TTL_S = 30
 TTL_MS = TTL_S * 1000

@@ -45,7 +45,7 @@ from typing import Any, cast
 import redis
 
 from runner import RunContext, task
-from runner.devserver import RedisServer
+from runner.testing import RedisServer
 
 ROOT = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
@@ -186,8 +186,8 @@ def _env(url: str, **extra: str) -> dict[str, str]:
 
 
 def run_cron_runner(jobs: int, workers: int, threads: int, kill: int, kill_at: float) -> Result:
-    from runner.queue import Producer, QueueSettings, queue_stats  # noqa: PLC0415
-    from runner.settings import load_settings  # noqa: PLC0415
+    from runner.config.settings import load_settings  # noqa: PLC0415
+    from runner.queue.producer import Producer, QueueSettings, queue_stats  # noqa: PLC0415
 
     result = Result("cron-runner (Dramatiq)", jobs, workers, threads, kill)
     with RedisServer(appendonly=True) as server:

@@ -18,7 +18,7 @@ import time
 from collections import Counter
 from pathlib import Path
 
-from runner.devserver import RedisServer
+from runner.testing import RedisServer
 
 CRON_RUNNER = str(Path(sys.executable).parent / "cron-runner")
 

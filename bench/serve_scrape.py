@@ -28,9 +28,9 @@ from typing import Any, cast
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from runner.devserver import RedisServer  # noqa: E402
 from runner.keys import TaskKeys  # noqa: E402
-from runner.lease import Lease, new_token  # noqa: E402
+from runner.lease.scripts import Lease, new_token  # noqa: E402
+from runner.testing import RedisServer  # noqa: E402
 from tests.helpers.proc import CRON_RUNNER, runner_env  # noqa: E402
 from tests.helpers.wait import wait_for  # noqa: E402
 

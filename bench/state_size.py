@@ -14,12 +14,12 @@ import json
 import sys
 from typing import Any
 
-from runner import store
-from runner.devserver import RedisServer
-from runner.execution import Execution, Shutdown
+from runner.config.settings import load_settings
 from runner.keys import TaskKeys
-from runner.settings import load_settings
-from runner.targets import CommandTarget
+from runner.lease import store
+from runner.run.execution import Execution, Shutdown
+from runner.run.targets import CommandTarget
+from runner.testing import RedisServer
 
 TASK = "report"
 CHECKPOINTS = (10, 100, 1000, 3000)

@@ -23,12 +23,12 @@ import sys
 import time
 from pathlib import Path
 
-from runner.devserver import RedisServer
+from runner.testing import RedisServer
 from tests.helpers.otlp import OtlpReceiver
 
 ROOT = Path(__file__).resolve().parents[1]
 PROBE = (
-    "import sys; from runner import cli; code = cli.main(sys.argv[1:]); "
+    "import sys; from runner.cli.main import main; code = main(sys.argv[1:]); "
     "print(sum(m.startswith('opentelemetry') for m in sys.modules), file=sys.__stdout__); "
     "sys.exit(code)"
 )

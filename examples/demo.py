@@ -20,7 +20,7 @@ from pathlib import Path
 from tempfile import TemporaryDirectory
 from typing import IO
 
-from runner.devserver import RedisServer
+from runner.testing import RedisServer
 
 CRON_RUNNER = str(Path(sys.executable).parent / "cron-runner")
 SCHEDULE = "*/5 * * * *"

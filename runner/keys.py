@@ -60,7 +60,7 @@ class TaskKeys:
 
     @property
     def meta(self) -> str:
-        """The protocol version and the task's definition (runner.lease, ACQUIRE)."""
+        """The protocol version and the task's definition (runner.lease.scripts, ACQUIRE)."""
         return f"{self.base}:meta"
 
     @property

@@ -9,7 +9,7 @@ import pytest
 import redis
 from hypothesis import settings
 
-from runner.devserver import RedisServer
+from runner.testing import RedisServer
 
 # CI explores the same examples every run (a fixed seed): a property test that finds a new
 # failing input on a developer's machine reports it there, with the example, instead of

@@ -15,11 +15,12 @@ from typing import Any, TextIO
 
 from redis.exceptions import NoPermissionError, RedisError, ResponseError
 
-from runner import clock, store
+from runner import clock
+from runner.config.settings import Settings
 from runner.errors import ConfigError, FinishIncomplete, StoreUnavailable
 from runner.keys import SCRATCH_TASK_PREFIX, ScratchKeys, TaskKeys
-from runner.lease import Acquired, Lease, new_token
-from runner.settings import Settings
+from runner.lease import store
+from runner.lease.scripts import Acquired, Lease, new_token
 
 OK, WARN, FAIL = "ok", "warn", "FAIL"
 PING_SAMPLES = 5

@@ -17,10 +17,10 @@ from typing import Any
 
 from redis.exceptions import NoPermissionError
 
-from runner import slots
 from runner.errors import ConfigError
 from runner.keys import NAME_RE, TaskKeys, scope_index
-from runner.lease import holder_of, started_at_of
+from runner.lease.scripts import holder_of, started_at_of
+from runner.schedule import slots
 
 log = logging.getLogger("runner.ops")
 

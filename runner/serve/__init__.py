@@ -15,8 +15,8 @@ import threading
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, NamedTuple
 
+from runner.config.settings import Settings, _Source, _whole_number, parse_duration
 from runner.errors import ConfigError
-from runner.settings import Settings, _Source, _whole_number, parse_duration
 
 AddFlags = Callable[[argparse.ArgumentParser, Sequence[str]], None]
 
@@ -106,7 +106,7 @@ def cmd_serve(args: argparse.Namespace, settings: Settings) -> int:
         raise ConfigError(
             f"serve needs the 'serve' extra (pip install 'redis-cron-runner[serve]'): {exc}"
         ) from exc
-    from runner import store  # noqa: PLC0415
+    from runner.lease import store  # noqa: PLC0415
 
     client = store.connect(settings.redis, settings.lease.ttl_s)
     lease = settings.lease

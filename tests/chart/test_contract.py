@@ -25,7 +25,7 @@ import redis
 from croniter import croniter
 from helm_python.chart import Chart
 
-from runner.devserver import RedisServer
+from runner.testing import RedisServer
 from tests.chart.helpers import NAMESPACE, ROOT, Manifest, container, pod_spec, render
 
 VENV_BIN = Path(sys.executable).parent

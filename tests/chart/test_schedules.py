@@ -10,7 +10,7 @@ import pytest
 from helm_python import HelmRenderError, HelmValuesError
 from helm_python.chart import Chart
 
-from runner import cronexpr
+from runner.schedule import cron as cronexpr
 from tests.chart.helpers import render
 from tests.schedule.test_robfig_oracle import expression
 

@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 import redis
 
-from runner.devserver import RedisServer
 from runner.errors import ConfigError, StoreUnavailable
+from runner.testing import RedisServer
 from tests.helpers.proc import ROOT, events, outcome, run, runner_env
 
 CONFIG = ConfigError.exit_code

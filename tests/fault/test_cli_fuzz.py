@@ -18,8 +18,8 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from runner import cli
-from runner.devserver import RedisServer
+from runner.cli import main as cli
+from runner.testing import RedisServer
 from tests.fault.test_hostile_input import EDGES, VARIABLES
 from tests.helpers.proc import ROOT
 

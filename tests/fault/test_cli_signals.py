@@ -12,8 +12,8 @@ from typing import cast
 import pytest
 import redis
 
-from runner.devserver import RedisServer
 from runner.errors import Terminated
+from runner.testing import RedisServer
 from tests.helpers.proc import (
     CRON_RUNNER,
     LEASE,

@@ -15,7 +15,7 @@ import subprocess
 import time
 from pathlib import Path
 
-from runner.devserver import RedisServer
+from runner.testing import RedisServer
 from tests.fault.common import assert_clean, event
 from tests.fault.conftest import Figure
 from tests.helpers.proc import CRON_RUNNER, ROOT, outcome, runner_env, side_effects

@@ -10,8 +10,8 @@ from typing import cast
 
 from redis.crc import key_slot
 
-from runner.devserver import RedisServer
 from runner.keys import TaskKeys
+from runner.testing import RedisServer
 from tests.fault.common import assert_clean, event, finished
 from tests.fault.conftest import Figure
 from tests.helpers.proc import LEASE, events, exec_args, outcome, run, runner_env, spawn

@@ -19,8 +19,8 @@ from pathlib import Path
 import pytest
 import redis
 
-from runner.devserver import RedisServer
 from runner.errors import LeaseLost
+from runner.testing import RedisServer
 from tests.fault.common import (
     assert_clean,
     event,
@@ -44,7 +44,10 @@ def _alive(pid: int) -> bool:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
-    stat = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[-1].split()
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[-1].split()
+    except FileNotFoundError:  # reaped between the signal and the read
+        return False
     return stat[0] != "Z"
 
 

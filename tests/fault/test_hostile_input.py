@@ -15,18 +15,18 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 from redis.crc import key_slot
 
-from runner import store
+from runner.config.settings import load_settings
 from runner.errors import ConfigError, UnknownTask
-from runner.execution import resolve_slot, retention_s, stale_slot_reason
 from runner.keys import TaskKeys
-from runner.queue import (
+from runner.lease import store
+from runner.queue.producer import (
     MAX_MESSAGE_BYTES_LIMIT,
     MAX_PROCESSES,
     MAX_THREADS,
     load_queue_settings,
     message_options,
 )
-from runner.settings import load_settings
+from runner.run.execution import resolve_slot, retention_s, stale_slot_reason
 from runner.tasks import Registry, RunContext, task
 from tests.fault.conftest import Figure
 from tests.helpers.proc import CRON_RUNNER, runner_env

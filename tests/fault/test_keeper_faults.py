@@ -18,10 +18,10 @@ from pathlib import Path
 import pytest
 import redis
 
-from runner.devserver import RedisServer
-from runner.keeper import Keeper
 from runner.keys import TaskKeys
-from runner.lease import Acquired, Lease, new_token
+from runner.lease.keeper import Keeper
+from runner.lease.scripts import Acquired, Lease, new_token
+from runner.testing import RedisServer
 from tests.helpers.lease_tools import (
     ROOT,
     helper_command,

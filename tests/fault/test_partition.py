@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import redis
 
-from runner.devserver import RedisServer
+from runner.testing import RedisServer
 from tests.fault.common import (
     assert_clean,
     event_time,

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from runner.devserver import RedisServer
+from runner.testing import RedisServer
 from tests.fault.common import (
     assert_clean,
     event,

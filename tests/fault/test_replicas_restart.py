@@ -10,7 +10,7 @@ import subprocess
 import time
 from pathlib import Path
 
-from runner.devserver import RedisServer
+from runner.testing import RedisServer
 from tests.fault.common import DOCUMENTED_EXIT_CODES, assert_clean, event_time
 from tests.fault.conftest import Figure
 from tests.helpers.proc import outcome, runner_env, spawn

@@ -7,8 +7,8 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from runner.devserver import free_port
 from runner.errors import StoreUnavailable
+from runner.testing import free_port
 from tests.fault.common import (
     assert_clean,
     event,

@@ -12,8 +12,8 @@ import time
 from pathlib import Path
 from typing import cast
 
-from runner.devserver import RedisServer
 from runner.errors import LeaseLost, Terminated
+from runner.testing import RedisServer
 from tests.fault.common import assert_clean, event_time
 from tests.fault.conftest import Figure
 from tests.helpers.proc import LoggedRun, events, outcome, runner_env, side_effects, spawn

@@ -17,7 +17,7 @@ import time
 import redis
 
 from runner.keys import TaskKeys
-from runner.lease import Acquired, Held, Lease, SlotDone, new_token
+from runner.lease.scripts import Acquired, Held, Lease, SlotDone, new_token
 
 
 def contender(

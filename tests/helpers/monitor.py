@@ -9,7 +9,7 @@ import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
-from runner.devserver import RedisServer
+from runner.testing import RedisServer
 from tests.helpers.wait import wait_for
 
 

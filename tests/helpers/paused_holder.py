@@ -25,9 +25,9 @@ from pathlib import Path
 import redis
 
 from runner.errors import Cancelled, LeaseNotOwned
-from runner.keeper import Keeper
 from runner.keys import TaskKeys
-from runner.lease import Acquired, Lease, new_token
+from runner.lease.keeper import Keeper
+from runner.lease.scripts import Acquired, Lease, new_token
 from runner.tasks import RunContext
 
 _lock = threading.Lock()

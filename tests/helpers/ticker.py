@@ -81,7 +81,7 @@ def _comm(pid: int) -> str:
 
 def supervisor_of(runner_pid: int) -> int:
     """The pid of the supervisor ``cron-runner exec`` forks beside its command."""
-    from runner.supervisor import NAME  # noqa: PLC0415 - the helper also runs as a script
+    from runner.run.supervisor import NAME  # noqa: PLC0415 - the helper also runs as a script
 
     (pid,) = [c for c in children(runner_pid) if _comm(c) == NAME.decode()]
     return pid
@@ -89,7 +89,7 @@ def supervisor_of(runner_pid: int) -> int:
 
 def command_of(runner_pid: int) -> int:
     """The pid of the command ``cron-runner exec`` runs: its child that is not the supervisor."""
-    from runner.supervisor import NAME  # noqa: PLC0415
+    from runner.run.supervisor import NAME  # noqa: PLC0415
 
     (pid,) = [c for c in children(runner_pid) if _comm(c) != NAME.decode()]
     return pid

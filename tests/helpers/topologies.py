@@ -1,5 +1,5 @@
 """Redis in production shapes, all real processes: TLS, Sentinel (1 primary, 1 replica,
-3 sentinels) and Cluster (3 primaries). Built on ``runner.devserver.RedisServer``.
+3 sentinels) and Cluster (3 primaries). Built on ``runner.testing.RedisServer``.
 
 Every topology is a context manager that kills what it started, on any exit.
 """
@@ -19,7 +19,7 @@ from typing import Any, cast
 import redis
 from redis.crc import key_slot
 
-from runner.devserver import RedisServer, free_port
+from runner.testing import RedisServer, free_port
 from tests.helpers.wait import wait_for
 
 # -- TLS ----------------------------------------------------------------------------------

@@ -6,7 +6,7 @@ import os
 
 import pytest
 
-from runner.devserver import RedisServer
+from runner.testing import RedisServer
 from tests.image.kube import Podman
 
 pytestmark = pytest.mark.image

@@ -16,9 +16,9 @@ from typing import Any
 import pytest
 import redis
 
-from runner.devserver import RedisServer
 from runner.errors import EXIT_CANNOT_EXECUTE, EXIT_NOT_FOUND, EXIT_TERMINATED, ConfigError
 from runner.keys import TaskKeys
+from runner.testing import RedisServer
 from tests.image.kube import (
     IMAGE,
     NAMESPACE,

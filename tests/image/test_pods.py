@@ -15,8 +15,8 @@ from typing import Any
 import pytest
 import redis
 
-from runner.devserver import RedisServer
 from runner.keys import TaskKeys
+from runner.testing import RedisServer
 from tests.image.kube import (
     FIGURES,
     IMAGE,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from runner.devserver import RedisServer
+from runner.testing import RedisServer
 from tests.helpers.monitor import client_commands
 from tests.helpers.proc import outcome, run, runner_env
 

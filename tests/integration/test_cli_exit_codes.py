@@ -10,8 +10,8 @@ from typing import cast
 import pytest
 import redis
 
-from runner.devserver import RedisServer, free_port
 from runner.errors import EXIT_CANNOT_EXECUTE, EXIT_NOT_FOUND
+from runner.testing import RedisServer, free_port
 from tests.helpers.proc import (
     LEASE,
     LoggedRun,

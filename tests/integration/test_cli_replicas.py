@@ -7,7 +7,7 @@ from pathlib import Path
 
 import redis
 
-from runner.devserver import RedisServer
+from runner.testing import RedisServer
 from tests.helpers.proc import events, outcome, run, runner_env, side_effects, spawn
 from tests.helpers.wait import clear_of_slot_edge, wait_for
 

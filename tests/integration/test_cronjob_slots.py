@@ -11,9 +11,9 @@ from typing import Any, cast
 
 import redis
 
-from runner.devserver import RedisServer
 from runner.errors import ConfigError
-from runner.slots import Schedule
+from runner.schedule.slots import Schedule
+from runner.testing import RedisServer
 from tests.helpers.proc import events, outcome, run, runner_env, side_effects
 
 DAY_S = 86_400

@@ -11,8 +11,8 @@ from typing import cast
 
 import redis
 
-from runner.devserver import RedisServer
 from runner.errors import ConfigError
+from runner.testing import RedisServer
 from tests.helpers.proc import events, outcome, run, runner_env, side_effects
 
 META = "cron-runner:{default:billing}:meta"

@@ -15,8 +15,8 @@ from typing import cast
 import pytest
 import redis
 
-from runner.devserver import RedisServer
 from runner.errors import FinishIncomplete, LeaseLost
+from runner.testing import RedisServer
 from tests.helpers.proc import events, outcome, run, runner_env, side_effects, spawn
 from tests.helpers.wait import wait_for
 from tests.integration.test_redis_shapes import ACL_RULE

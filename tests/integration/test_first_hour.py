@@ -8,8 +8,8 @@ import re
 
 import pytest
 
-from runner.devserver import RedisServer
 from runner.errors import ConfigError, UnknownTask
+from runner.testing import RedisServer
 from tests.helpers.proc import events, run, runner_env
 from tests.helpers.wait import clear_of_slot_edge
 
@@ -106,11 +106,11 @@ def test_text_logs_show_the_slot_as_a_time(redis_server: RedisServer) -> None:
 
 def test_the_history_length_caps_each_task_s_run_stream(redis_server: RedisServer) -> None:
     # docs/operating.md sizes the stream at about 100 bytes a run: this is the knob that caps it.
-    from runner import store  # noqa: PLC0415
-    from runner.execution import Execution, Shutdown  # noqa: PLC0415
+    from runner.config.settings import load_settings  # noqa: PLC0415
     from runner.keys import TaskKeys  # noqa: PLC0415
-    from runner.settings import load_settings  # noqa: PLC0415
-    from runner.targets import CommandTarget  # noqa: PLC0415
+    from runner.lease import store  # noqa: PLC0415
+    from runner.run.execution import Execution, Shutdown  # noqa: PLC0415
+    from runner.run.targets import CommandTarget  # noqa: PLC0415
 
     settings = load_settings(
         {"CRON_RUNNER_REDIS_URL": redis_server.url, "CRON_RUNNER_HISTORY_LENGTH": "100"}

@@ -16,10 +16,10 @@ import pytest
 import redis
 
 from runner import clock
-from runner.devserver import free_port
-from runner.keeper import Keeper, drift_margin_s
 from runner.keys import TaskKeys
-from runner.lease import Acquired, Lease, new_token
+from runner.lease.keeper import Keeper, drift_margin_s
+from runner.lease.scripts import Acquired, Lease, new_token
+from runner.testing import free_port
 from tests.helpers.lease_tools import pttl_ms
 from tests.helpers.wait import wait_for
 

@@ -9,10 +9,10 @@ from typing import Any, cast
 import pytest
 import redis
 
-from runner.devserver import RedisServer
 from runner.errors import LeaseNotOwned
 from runner.keys import TaskKeys
-from runner.lease import SCRIPTS, Acquired, Held, Lease, SlotDone, holder_of, new_token
+from runner.lease.scripts import SCRIPTS, Acquired, Held, Lease, SlotDone, holder_of, new_token
+from runner.testing import RedisServer
 from tests.helpers.lease_tools import (
     command_calls,
     counting_client,

@@ -11,8 +11,8 @@ from typing import Any, cast
 import pytest
 import redis
 
-from runner.devserver import RedisServer
 from runner.ops.state import Reader
+from runner.testing import RedisServer
 from tests.helpers.proc import LEASE, events, outcome, run, runner_env, side_effects, spawn
 from tests.helpers.wait import clear_of_slot_edge, wait_for
 
@@ -241,7 +241,7 @@ def test_next_slot_follows_a_slot_claimed_ahead_of_the_clock(r: redis.Redis) -> 
 
 
 def test_ops_commands_exit_3_when_redis_is_unreachable() -> None:
-    from runner.devserver import free_port  # noqa: PLC0415
+    from runner.testing import free_port  # noqa: PLC0415
 
     env = runner_env(f"redis://127.0.0.1:{free_port()}/0", CRON_RUNNER_CONNECT_TIMEOUT="300ms")
     started = time.monotonic()

@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 import redis
 
-from runner.devserver import RedisServer, free_port
 from runner.errors import ConfigError
+from runner.testing import RedisServer, free_port
 from tests.helpers.proc import run, runner_env
 
 

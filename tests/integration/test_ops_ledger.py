@@ -11,7 +11,7 @@ from typing import Any, cast
 
 import redis
 
-from runner.devserver import RedisServer
+from runner.testing import RedisServer
 from tests.helpers.proc import CRON_RUNNER, cronjob_env, run, runner_env, spawn
 from tests.helpers.wait import wait_for
 

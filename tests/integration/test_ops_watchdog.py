@@ -14,8 +14,8 @@ from typing import Any
 
 import redis
 
-from runner.devserver import RedisServer
-from runner.slots import Schedule
+from runner.schedule.slots import Schedule
+from runner.testing import RedisServer
 from tests.helpers.proc import CRON_RUNNER, cronjob_env, events, run, runner_env
 
 DAY_S = 86_400

@@ -14,8 +14,8 @@ from urllib.parse import parse_qs, urlsplit
 
 import pytest
 
-from runner.devserver import RedisServer, free_port
 from runner.errors import ConfigError
+from runner.testing import RedisServer, free_port
 from tests.helpers.proc import ROOT, outcome, run, runner_env
 from tests.helpers.wait import clear_of_slot_edge
 
@@ -152,8 +152,8 @@ def test_bad_ping_settings_are_refused(redis_server: RedisServer, name: str, val
 
 
 def test_ping_is_imported_only_when_a_run_pings(redis_server: RedisServer) -> None:
-    probe = ("import sys; from runner import cli; code = cli.main(sys.argv[1:]); "
-             "print('runner.ping' in sys.modules, 'urllib.request' in sys.modules, "
+    probe = ("import sys; from runner.cli.main import main; code = main(sys.argv[1:]); "
+             "print('runner.run.ping' in sys.modules, 'urllib.request' in sys.modules, "
              "file=sys.__stdout__)")  # fmt: skip
     clear_of_slot_edge(300)
     base = runner_env(redis_server.url, CRON_RUNNER_SCHEDULE="*/5 * * * *")

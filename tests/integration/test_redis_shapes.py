@@ -15,13 +15,13 @@ import redis
 from redis.crc import key_slot
 from redis.exceptions import NoPermissionError, ResponseError
 
-from runner import store
-from runner.devserver import RedisServer
+from runner.config.settings import load_settings
 from runner.errors import ConfigError, FinishIncomplete, StoreUnavailable
 from runner.keys import TaskKeys
-from runner.lease import Acquired, Held, Lease, SlotDone
-from runner.settings import load_settings
-from runner.store import replicas_acknowledged
+from runner.lease import store
+from runner.lease.scripts import Acquired, Held, Lease, SlotDone
+from runner.lease.store import replicas_acknowledged
+from runner.testing import RedisServer
 from tests.helpers.lease_tools import command_calls
 from tests.helpers.proc import LEASE, ROOT, events, outcome, run, runner_env, side_effects
 from tests.helpers.tcpproxy import TcpProxy

@@ -13,8 +13,8 @@ import pytest
 import redis
 from redis.exceptions import NoPermissionError
 
-from runner.devserver import RedisServer
 from runner.errors import ConfigError
+from runner.testing import RedisServer
 from tests.helpers.proc import ROOT, events, outcome, run, runner_env
 
 SECRET = "s3cr3t-Pa55"

@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from runner.cli import build_parser
-from runner.settings import parse_duration
+from runner.cli.main import build_parser
+from runner.config.settings import parse_duration
 
 ROOT = Path(__file__).resolve().parents[2]
 UNITS = sorted(

@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 import redis
 
-from runner.devserver import RedisServer, free_port
 from runner.errors import StoreUnavailable
+from runner.testing import RedisServer, free_port
 from tests.helpers.otlp import HungCollector, OtlpReceiver, Point, ReceivedSpan
 from tests.helpers.proc import LEASE, ROOT, events, outcome, run, runner_env, side_effects, spawn
 from tests.helpers.wait import wait_for
@@ -241,7 +241,7 @@ def test_dead_collector_costs_at_most_the_flush_timeout(
 # A whole run in one interpreter, then what it imported.
 _IMPORTS = """
 import json, sys
-from runner import cli
+from runner.cli import main as cli
 code = cli.main(["exec", "--name", "imports", "--", "true"])
 otel = sorted(m for m in sys.modules if m.startswith("opentelemetry"))
 print(json.dumps({"code": code, "otel": otel}))
@@ -308,8 +308,8 @@ def test_missing_extra_is_a_warning_not_a_failure(
 ) -> None:
     probe = (
         "import sys; sys.modules['opentelemetry'] = None\n"
-        "from runner import cli\n"
-        "sys.exit(cli.main(['exec', '--name', 'no-extra', '--', 'true']))"
+        "from runner.cli.main import main\n"
+        "sys.exit(main(['exec', '--name', 'no-extra', '--', 'true']))"
     )
     done = subprocess.run(
         [sys.executable, "-c", probe],

@@ -20,9 +20,9 @@ from typing import Any
 
 import pytest
 
-from runner.devserver import RedisServer
 from runner.errors import ConfigError
-from runner.lease import PROTOCOL
+from runner.lease.scripts import PROTOCOL
+from runner.testing import RedisServer
 from tests.helpers.proc import CRON_RUNNER, ROOT, events, runner_env
 from tests.helpers.wait import wait_for
 

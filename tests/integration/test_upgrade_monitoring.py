@@ -18,8 +18,8 @@ from pathlib import Path
 import pytest
 import redis
 
-from runner.devserver import RedisServer
-from runner.slots import Schedule
+from runner.schedule.slots import Schedule
+from runner.testing import RedisServer
 from tests.helpers.proc import ROOT, events, outcome, run, runner_env, spawn
 from tests.helpers.wait import clear_of_slot_edge, wait_for
 
@@ -28,7 +28,7 @@ OLD_MAIN = (
     "import sys\n"
     "sys.meta_path[:] = [f for f in sys.meta_path if '__editable__' not in repr(f)]\n"
     "sys.path.insert(0, sys.argv.pop(1))\n"
-    "import runner.cli\n"
+    "import runner.cli.main\n"
     "assert runner.cli.__file__.startswith(sys.path[0]), runner.cli.__file__\n"
     "sys.exit(runner.cli.main(sys.argv[1:]))\n"
 )

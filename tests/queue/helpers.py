@@ -13,9 +13,9 @@ from typing import Any, cast
 
 import redis
 
-from runner.devserver import RedisServer
-from runner.queue import Producer, QueueSettings, QueueStats, queue_stats
-from runner.settings import load_settings
+from runner.config.settings import load_settings
+from runner.queue.producer import Producer, QueueSettings, QueueStats, queue_stats
+from runner.testing import RedisServer
 from tests.helpers.proc import CRON_RUNNER, events, runner_env
 from tests.queue.queue_tasks import EFFECTS
 

@@ -6,13 +6,13 @@ from __future__ import annotations
 import subprocess
 import sys
 
-from runner.devserver import RedisServer
+from runner.testing import RedisServer
 from tests.helpers.proc import ROOT
 from tests.queue.helpers import queue_env
 
 PROBE = """
 import sys
-from runner.cli import main
+from runner.cli.main import main
 code = main(sys.argv[1:])
 print("dramatiq" in sys.modules, code)
 """

@@ -19,11 +19,11 @@ from typing import cast
 import pytest
 import redis
 
-from runner.devserver import RedisServer, free_port
+from runner.config.settings import load_settings
 from runner.errors import ConfigError, UnknownTask
 from runner.keys import TaskKeys
-from runner.queue import Producer, QueueSettings, make_broker, message_id_for
-from runner.settings import load_settings
+from runner.queue.producer import Producer, QueueSettings, make_broker, message_id_for
+from runner.testing import RedisServer, free_port
 from tests.helpers.proc import events, outcome, runner_env
 from tests.helpers.wait import wait_for
 from tests.queue.helpers import (

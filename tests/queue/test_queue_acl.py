@@ -11,9 +11,9 @@ from collections.abc import Iterator
 import pytest
 import redis
 
-from runner.devserver import RedisServer
 from runner.errors import ConfigError
 from runner.keys import TaskKeys
+from runner.testing import RedisServer
 from tests.helpers.proc import outcome
 from tests.helpers.wait import wait_for
 

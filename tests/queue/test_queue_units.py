@@ -6,8 +6,9 @@ from typing import Any
 
 import pytest
 
+from runner.config.settings import load_settings
 from runner.errors import ConfigError
-from runner.queue import (
+from runner.queue.producer import (
     DEFAULT_MAX_MESSAGE_BYTES,
     DEFAULT_MIN_BACKOFF_S,
     MessageTooLarge,
@@ -19,7 +20,6 @@ from runner.queue import (
     message_options,
     parse_size,
 )
-from runner.settings import load_settings
 from runner.tasks import QueueOptions, RunContext, TaskSpec, queue_options, task
 
 

@@ -11,7 +11,7 @@ import pytest
 import redis
 from prometheus_client.parser import text_string_to_metric_families
 
-from runner.devserver import RedisServer, free_port
+from runner.testing import RedisServer, free_port
 from tests.helpers.wait import wait_for
 from tests.queue.helpers import WorkerProc, effects, producer, queue_env
 

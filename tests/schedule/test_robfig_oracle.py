@@ -24,9 +24,9 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 from zoneinfo import ZoneInfo
 
-from runner import cronexpr
 from runner.errors import ConfigError
-from runner.slots import Schedule
+from runner.schedule import cron as cronexpr
+from runner.schedule.slots import Schedule
 from tests.schedule.conftest import Oracle
 
 SEED = int(os.environ.get("CRON_ORACLE_SEED", "13"))

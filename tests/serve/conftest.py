@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from runner.devserver import RedisServer
-from runner.slots import Schedule
+from runner.schedule.slots import Schedule
+from runner.testing import RedisServer
 from tests.helpers.proc import cronjob_env, events, run, runner_env, spawn
 from tests.helpers.wait import clear_of_slot_edge, wait_for
 from tests.queue.helpers import TASK_MODULES, WorkerProc, queue_env

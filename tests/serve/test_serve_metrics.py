@@ -12,8 +12,8 @@ from typing import Any
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from runner.devserver import RedisServer, free_port
 from runner.serve.metrics import METRICS
+from runner.testing import RedisServer, free_port
 from tests.helpers.proc import ROOT, runner_env
 from tests.serve.conftest import World, serving
 
@@ -132,7 +132,7 @@ def test_bad_port_is_a_configuration_error(tmp_path: Path) -> None:
 
 def test_run_and_exec_import_nothing_of_serve() -> None:
     code = (
-        "import sys, runner.cli as c\n"
+        "import sys, runner.cli.main as c\n"
         "c.build_parser('exec')\n"
         "print(json.dumps(sorted(m for m in sys.modules if m.split('.')[0] in "
         "('prometheus_client', 'jinja2', 'markupsafe', 'http') or m.startswith('runner.serve'))))"

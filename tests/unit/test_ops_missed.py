@@ -7,7 +7,7 @@ from datetime import UTC, datetime
 import pytest
 
 from runner.ops.state import Missed, missed_slots
-from runner.slots import Schedule
+from runner.schedule.slots import Schedule
 
 
 def t(text: str) -> int:

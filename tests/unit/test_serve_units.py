@@ -4,7 +4,7 @@ the ping URLs."""
 from __future__ import annotations
 
 from runner.ops.state import RunRecord
-from runner.ping import ping_url
+from runner.run.ping import ping_url
 from runner.serve.snapshot import TaskRuns
 
 

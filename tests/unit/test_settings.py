@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
+from runner.config.settings import load_settings, parse_duration, redact_url
 from runner.errors import ConfigError
-from runner.settings import load_settings, parse_duration, redact_url
 
 
 @pytest.mark.parametrize(
@@ -132,9 +132,9 @@ def test_sentinels_and_modules_parse() -> None:
 def test_exec_path_imports_no_optional_heavy_modules() -> None:
     # A CronJob pod starts cold every run: `exec` must not pay for what it does not use.
     code = (
-        "import sys, runner.cli, runner.execution, runner.store, runner.targets;"
-        "heavy = ['croniter', 'runner.cronexpr', 'opentelemetry', 'dramatiq', 'kubernetes', 'yaml',"
-        " 'runner.adopt'];"
+        "import sys, runner.cli.main, runner.run.execution, runner.lease.store, runner.run.targets;"
+        "heavy = ['croniter', 'runner.schedule.cron', 'opentelemetry', 'dramatiq', 'kubernetes', 'yaml',"
+        " 'runner.cli.adopt'];"
         "print([m for m in heavy if m in sys.modules])"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
@@ -144,14 +144,14 @@ def test_exec_path_imports_no_optional_heavy_modules() -> None:
 def test_cronjob_pod_start_path_needs_no_schedule_machinery() -> None:
     code = (
         "import os, sys;"
-        "from runner.settings import load_settings;"
-        "from runner.execution import resolve_slot, stale_slot_reason;"
+        "from runner.config.settings import load_settings;"
+        "from runner.run.execution import resolve_slot, stale_slot_reason;"
         "s = load_settings({'CRON_RUNNER_JOB_NAME': 'x-29934000', 'CRON_RUNNER_CRONJOB_NAME': 'x',"
         " 'CRON_RUNNER_SCHEDULE': '* * * * *',"
         " 'CRON_RUNNER_SCHEDULED_TIMESTAMP': '2026-11-30T13:00:00+01:00'});"
         "now = 29934000 * 60 + 1200.0;"
         "print(resolve_slot(s, now), stale_slot_reason(s, resolve_slot(s, now), now),"
-        " [m for m in ('croniter', 'runner.cronexpr') if m in sys.modules])"
+        " [m for m in ('croniter', 'runner.schedule.cron') if m in sys.modules])"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.split() == [str(29934000 * 60), "None", "[]"]

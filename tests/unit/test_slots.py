@@ -1,7 +1,7 @@
 """Slots: Job-name parsing, schedule fire times across DST, tolerance checks, and the properties
 that let runners with different clocks agree on a slot (issue 2, section 3).
 
-Fire times are checked against two oracles that share no code with runner.slots: a scan of every
+Fire times are checked against two oracles that share no code with runner.schedule.slots: a scan of every
 UTC minute whose wall-clock time matches (for short windows), and croniter's naive wall times
 mapped to every instant that shows them (for whole years).
 """
@@ -24,9 +24,9 @@ from croniter import croniter
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from runner import slots
 from runner.errors import ConfigError
-from runner.slots import (
+from runner.schedule import slots
+from runner.schedule.slots import (
     CRON_FORM,
     MAX_SLOT_MINUTES,
     MIN_SLOT_MINUTES,
@@ -163,12 +163,12 @@ def test_any_job_name_parses_or_is_manual(job_name: str, cronjob_name: str | Non
 
 def test_the_job_name_path_does_not_import_the_schedule_machinery() -> None:
     code = (
-        "import sys, runner.slots as s\n"
+        "import sys, runner.schedule.slots as s\n"
         "assert s.slot_from_job_name('report-29579100', 'report') == 29579100 * 60\n"
-        "loaded = [m for m in ('croniter', 'runner.cronexpr') if m in sys.modules]\n"
+        "loaded = [m for m in ('croniter', 'runner.schedule.cron') if m in sys.modules]\n"
         "assert not loaded, f'imported by the Job-name path: {loaded}'\n"
         "s.Schedule.parse('*/5 * * * *')\n"
-        "assert 'runner.cronexpr' in sys.modules\n"
+        "assert 'runner.schedule.cron' in sys.modules\n"
         "assert 'croniter' not in sys.modules\n"
     )
     result = subprocess.run(

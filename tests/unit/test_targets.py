@@ -7,7 +7,7 @@ import os
 
 import pytest
 
-from runner.targets import CommandTarget
+from runner.run.targets import CommandTarget
 from runner.tasks import RunContext
 
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
+from runner.config.settings import TelemetrySettings, load_settings
 from runner.errors import ConfigError
-from runner.settings import TelemetrySettings, load_settings
 
 EP = "http://collector:4318"
 

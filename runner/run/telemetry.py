@@ -43,7 +43,7 @@ from opentelemetry.sdk.trace.export import BatchSpanProcessor
 from opentelemetry.trace import Span, Status, StatusCode
 
 from runner import __version__
-from runner.settings import TelemetrySettings
+from runner.config.settings import TelemetrySettings
 
 log = logging.getLogger("runner.telemetry")
 

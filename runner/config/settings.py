@@ -689,7 +689,7 @@ def _checked_schedule(src: _Source, slots: SlotSettings) -> SlotSettings:
     The default tolerance (30 s) is not below half of a one-minute gap: for such schedules the
     default becomes just under that half, while a tolerance set explicitly is checked as given.
     """
-    from runner.slots import Schedule, ToleranceTooLarge  # noqa: PLC0415 - croniter only if needed
+    from runner.schedule.slots import Schedule, ToleranceTooLarge  # noqa: PLC0415 - croniter only if needed
 
     assert slots.schedule is not None
     try:

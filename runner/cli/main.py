@@ -11,12 +11,12 @@ from collections.abc import Callable, MutableMapping, Sequence
 from typing import TYPE_CHECKING
 
 from runner import __version__, logs
+from runner.config.settings import Settings, load_settings, task_environment, url_has_password
 from runner.errors import EXIT_TERMINATED, EXIT_USAGE, ConfigError, CronRunnerError, UsageError
-from runner.settings import Settings, load_settings, task_environment, url_has_password
 
 if TYPE_CHECKING:
-    from runner.execution import RunObserver
-    from runner.targets import Target
+    from runner.run.execution import RunObserver
+    from runner.run.targets import Target
 
 log = logging.getLogger("runner")
 
@@ -173,10 +173,10 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     if command in HOT_COMMANDS:
         return parser
 
-    from runner import ops  # noqa: PLC0415 - ops adds its own subcommands
+    from runner.cli import ops  # noqa: PLC0415 - ops adds its own subcommands
 
     ops.add_commands(sub, lambda p, names: _add_setting_flags(p, (*names, *COMMON_FLAGS)))
-    from runner import queue_cli  # noqa: PLC0415 - worker and dlq; Dramatiq only in handlers
+    from runner.cli import queue as queue_cli  # noqa: PLC0415 - worker and dlq; Dramatiq only in handlers
 
     queue_cli.add_commands(sub, lambda p, names: _add_setting_flags(p, (*names, *COMMON_FLAGS)))
 
@@ -216,7 +216,7 @@ def cmd_import(args: argparse.Namespace, settings: Settings) -> int:
     from pathlib import Path  # noqa: PLC0415
 
     try:
-        from runner import adopt  # noqa: PLC0415 - PyYAML, for this command only
+        from runner.cli import adopt  # noqa: PLC0415 - PyYAML, for this command only
     except ImportError as exc:
         raise ConfigError(
             f"import needs PyYAML: pip install 'redis-cron-runner[import]' ({exc})"
@@ -253,14 +253,14 @@ def cmd_import(args: argparse.Namespace, settings: Settings) -> int:
 
 def cmd_run(args: argparse.Namespace, settings: Settings) -> int:
     from runner.keys import validate_name  # noqa: PLC0415
-    from runner.targets import PythonTarget  # noqa: PLC0415
+    from runner.run.targets import PythonTarget  # noqa: PLC0415
     from runner.tasks import Registry  # noqa: PLC0415
 
     spec = Registry.discover(settings.run.task_modules).resolve(args.task)
     name = args.name or spec.name
     validate_name("--name", name)
     if settings.run.mode == "enqueue":
-        from runner.queue_cli import enqueue_target  # noqa: PLC0415 - queue mode only
+        from runner.cli.queue import enqueue_target  # noqa: PLC0415 - queue mode only
 
         return _execute(settings, name, enqueue_target(settings, spec), f"enqueue {spec.name}")
     return _execute(settings, name, PythonTarget(spec.fn), f"run {spec.name}")
@@ -268,7 +268,7 @@ def cmd_run(args: argparse.Namespace, settings: Settings) -> int:
 
 def cmd_exec(args: argparse.Namespace, settings: Settings) -> int:
     from runner.keys import validate_name  # noqa: PLC0415
-    from runner.targets import CommandTarget  # noqa: PLC0415
+    from runner.run.targets import CommandTarget  # noqa: PLC0415
 
     argv = list(args.argv)
     if argv[:1] == ["--"]:
@@ -296,8 +296,8 @@ def _command_definition(argv: list[str]) -> str:
 
 
 def _execute(settings: Settings, task_name: str, target: Target, what: str) -> int:
-    from runner import store  # noqa: PLC0415
-    from runner.execution import Execution, Shutdown  # noqa: PLC0415
+    from runner.lease import store  # noqa: PLC0415
+    from runner.run.execution import Execution, Shutdown  # noqa: PLC0415
 
     shutdown = Shutdown().install()
     observer = run_observer(settings, task_name)
@@ -317,19 +317,19 @@ def run_observer(settings: Settings, task_name: str) -> RunObserver:
     observer = _telemetry_observer(settings, task_name)
     if settings.run.ping_url is None:
         return observer
-    from runner.execution import Observers, PingHook  # noqa: PLC0415
+    from runner.run.execution import Observers, PingHook  # noqa: PLC0415
 
     return Observers(observer, PingHook(settings.run.ping_url, settings.run.ping_timeout_s))
 
 
 def _telemetry_observer(settings: Settings, task_name: str) -> RunObserver:
     """Telemetry when an OTLP endpoint is set; otherwise nothing of OpenTelemetry is imported."""
-    from runner.execution import NullObserver  # noqa: PLC0415
+    from runner.run.execution import NullObserver  # noqa: PLC0415
 
     if not settings.telemetry.enabled:
         return NullObserver()
     try:
-        from runner.telemetry import RunTelemetry  # noqa: PLC0415 - heavy, and optional
+        from runner.run.telemetry import RunTelemetry  # noqa: PLC0415 - heavy, and optional
     except ImportError as exc:
         log.warning(
             "telemetry: an OTLP endpoint is set but OpenTelemetry is not installed "

@@ -30,10 +30,10 @@ from typing import TYPE_CHECKING, Any
 from redis.exceptions import NoPermissionError
 
 from runner import clock
+from runner.config.settings import Settings, _Source, _whole_number, parse_duration
 from runner.errors import ConfigError, UnknownTask
 from runner.keys import TaskKeys
-from runner.settings import Settings, _Source, _whole_number, parse_duration
-from runner.targets import PythonTarget
+from runner.run.targets import PythonTarget
 from runner.tasks import (
     QUEUE_NAME_RE,
     QueueOptions,
@@ -434,7 +434,7 @@ class Producer:
         registry: Registry | None = None,
         client: Any = None,
     ) -> None:
-        from runner import store  # noqa: PLC0415
+        from runner.lease import store  # noqa: PLC0415
 
         refuse_cluster(settings)
         self.settings = settings
@@ -576,7 +576,7 @@ class EnqueueTarget(PythonTarget):
                       options=self.options)  # fmt: skip
 
     def _send(self, ctx: RunContext) -> None:
-        from runner import store  # noqa: PLC0415
+        from runner.lease import store  # noqa: PLC0415
 
         scope = self.settings.lease.scope
         self.message_id = message_id_for(scope, ctx.task, ctx.slot, ctx.fencing_token)

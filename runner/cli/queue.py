@@ -13,8 +13,8 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from runner.config.settings import Settings
 from runner.errors import ConfigError
-from runner.settings import Settings
 from runner.tasks import TaskSpec
 
 AddFlags = Callable[[argparse.ArgumentParser, Sequence[str]], None]
@@ -118,8 +118,8 @@ class _JoinQueues(argparse.Action):
 
 def enqueue_target(settings: Settings, spec: TaskSpec) -> Any:
     """The target of ``cron-runner run TASK`` in enqueue mode (CRON_RUNNER_MODE=enqueue)."""
-    from runner.execution import retention_s  # noqa: PLC0415
-    from runner.queue import EnqueueTarget, load_queue_settings  # noqa: PLC0415
+    from runner.queue.producer import EnqueueTarget, load_queue_settings  # noqa: PLC0415
+    from runner.run.execution import retention_s  # noqa: PLC0415
 
     if spec.source.startswith("reference"):
         raise ConfigError(
@@ -131,13 +131,13 @@ def enqueue_target(settings: Settings, spec: TaskSpec) -> Any:
 
 
 def cmd_worker(args: argparse.Namespace, settings: Settings) -> int:
-    from runner.queue import load_queue_settings, refuse_cluster  # noqa: PLC0415
+    from runner.queue.producer import load_queue_settings, refuse_cluster  # noqa: PLC0415
     from runner.tasks import Registry  # noqa: PLC0415
 
     refuse_cluster(settings)
     qs = load_queue_settings(settings, os.environ, _queue_flags(args))
     registry = Registry.discover(settings.run.task_modules)
-    from runner.queue_worker import supervise  # noqa: PLC0415 - imports Dramatiq
+    from runner.queue.worker import supervise  # noqa: PLC0415 - imports Dramatiq
 
     return supervise(settings, qs, registry)
 
@@ -145,7 +145,7 @@ def cmd_worker(args: argparse.Namespace, settings: Settings) -> int:
 def _task_queue(settings: Settings, task: str, queue: str | None) -> str:
     from runner.errors import UnknownTask  # noqa: PLC0415
     from runner.keys import validate_name  # noqa: PLC0415
-    from runner.queue import registered_queue  # noqa: PLC0415
+    from runner.queue.producer import registered_queue  # noqa: PLC0415
     from runner.tasks import Registry  # noqa: PLC0415
 
     validate_name("TASK", task)
@@ -163,7 +163,9 @@ def _task_queue(settings: Settings, task: str, queue: str | None) -> str:
 
 
 def cmd_dlq(args: argparse.Namespace, settings: Settings) -> int:
-    from runner import clock, queue, store  # noqa: PLC0415
+    from runner import clock  # noqa: PLC0415
+    from runner.lease import store  # noqa: PLC0415
+    from runner.queue import producer as queue  # noqa: PLC0415
 
     queue.refuse_cluster(settings)
     qs = queue.load_queue_settings(settings, os.environ)

@@ -5,10 +5,10 @@ Two sources, both pure (no Redis, no clock reads):
 * **Job names.** The Kubernetes CronJob controller names each Job
   ``<cronjob>-<scheduled time in minutes since the Unix epoch>``, so a pod knows its slot exactly
   however late it starts (:func:`slot_from_job_name`). This path never imports the schedule
-  parser (:mod:`runner.cronexpr`): a CronJob pod starts cold every time.
+  parser (:mod:`runner.schedule.cron`): a CronJob pod starts cold every time.
 * **Schedules.** Elsewhere the slot is the latest fire time at or before ``now + tolerance``
   (:class:`Schedule`, :func:`slot_for`), in the controller's own schedule language
-  (:mod:`runner.cronexpr`, robfig/cron v3.0.1's ParseStandard), parsed on first use.
+  (:mod:`runner.schedule.cron`, robfig/cron v3.0.1's ParseStandard), parsed on first use.
 
 Fire times across daylight-saving changes (docs/design.md, The DST rule)
 -------------------------------------------------------------------------
@@ -26,7 +26,7 @@ matching day; at a change off the hour (Australia/Lord_Howe's 30 minutes, Pacifi
 02:45) it can skip matching times of that hour; across Pacific/Apia's skipped 30 December 2011
 it never returns. tests/schedule/test_robfig_oracle.py compares the two and counts these.
 
-Wall times are matched by :class:`runner.cronexpr.Matcher` on naive wall-clock seconds, where
+Wall times are matched by :class:`runner.schedule.cron.Matcher` on naive wall-clock seconds, where
 there is no DST to get wrong, and mapped to instants here, one stretch of constant UTC offset
 at a time: within a stretch the wall clock is the instant plus a constant, so a match converts
 exactly; when it falls outside the stretch, the search continues in the neighbouring stretch.
@@ -47,7 +47,7 @@ from runner.errors import ConfigError
 if TYPE_CHECKING:
     from zoneinfo import ZoneInfo
 
-    from runner.cronexpr import CronSpec
+    from runner.schedule.cron import CronSpec
 
 # ---------------------------------------------------------------------------------------------
 # Job names
@@ -158,7 +158,7 @@ _cache_lock = threading.Lock()
 
 
 def _spec(expr: str) -> CronSpec:
-    from runner import cronexpr  # noqa: PLC0415 - start-up cost: not on the Job-name path
+    from runner.schedule import cron as cronexpr  # noqa: PLC0415 - start-up cost: not on the Job-name path
 
     def bad(reason: str) -> ConfigError:
         return ConfigError(f"bad cron expression {expr!r}: {reason}; {CRON_FORM}")
@@ -179,7 +179,7 @@ def _spec(expr: str) -> CronSpec:
 def every_retention_s(expr: str) -> float | None:
     """The marker retention of an ``@every <duration>`` CronJob schedule (twice the delay, at
     least an hour, as for any schedule), or None for anything else."""
-    from runner import cronexpr  # noqa: PLC0415 - start-up cost
+    from runner.schedule import cron as cronexpr  # noqa: PLC0415 - start-up cost
 
     try:
         spec = cronexpr.parse(expr)
@@ -244,7 +244,7 @@ class Schedule:
         self.tz = tz
         self.tolerance_s = tolerance_s
         self._zone = zone
-        from runner.cronexpr import Matcher  # noqa: PLC0415 - imported by _spec already
+        from runner.schedule.cron import Matcher  # noqa: PLC0415 - imported by _spec already
 
         self._spec = spec
         self._matcher = Matcher(spec)

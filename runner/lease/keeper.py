@@ -23,7 +23,7 @@ from redis.exceptions import RedisError
 
 from runner import clock
 from runner.errors import LeaseNotOwned
-from runner.lease import Lease
+from runner.lease.scripts import Lease
 
 log = logging.getLogger("runner.keeper")
 

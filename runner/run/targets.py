@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Protocol
 
 from runner.errors import EXIT_CANNOT_EXECUTE, EXIT_NOT_FOUND, Cancelled
-from runner.supervisor import Supervisor, become_subreaper, stop_adopted
+from runner.run.supervisor import Supervisor, become_subreaper, stop_adopted
 from runner.tasks import RunContext, TaskFn
 
 log = logging.getLogger("runner")
@@ -104,7 +104,7 @@ class CommandTarget:
         # (exit code, reason) when the command could not be started at all.
         self._not_started: tuple[int, str] | None = None
         # Set by the run before start: the lease's local expiry, pushed back by ``extend``.
-        # With it, the command runs under the subreaper and the supervisor (runner.supervisor).
+        # With it, the command runs under the subreaper and the supervisor (runner.run.supervisor).
         self.lease_expires_at: float | None = None
         self._supervisor: Supervisor | None = None
         self._adopting = False

@@ -17,7 +17,8 @@ from typing import Any, NamedTuple, NoReturn, Protocol
 
 from redis.exceptions import RedisError
 
-from runner import clock, slots
+from runner import clock
+from runner.config.settings import Settings
 from runner.errors import (
     EXIT_LEASE_LOST,
     EXIT_TASK_FAILED,
@@ -29,19 +30,19 @@ from runner.errors import (
     StoreUnavailable,
     Terminated,
 )
-from runner.keeper import Keeper
 from runner.keys import TaskKeys
-from runner.lease import Acquired, Finished, Held, Lease, SlotDone, new_token
-from runner.logs import RunLogger, keeper_logger, run_logger
-from runner.settings import Settings
-from runner.store import (
+from runner.lease.keeper import Keeper
+from runner.lease.scripts import Acquired, Finished, Held, Lease, SlotDone, new_token
+from runner.lease.store import (
     open_connection,
     replicas_acknowledged,
     wait_reply_timeout_s,
     wait_timeout_ms,
     with_deadline,
 )
-from runner.targets import CommandTarget, Target, reap_orphans
+from runner.logs import RunLogger, keeper_logger, run_logger
+from runner.run.targets import CommandTarget, Target, reap_orphans
+from runner.schedule import slots
 from runner.tasks import RunContext
 
 TICK_S = 0.05
@@ -201,7 +202,7 @@ class Observers:
 
 
 class PingHook(NullObserver):
-    """CRON_RUNNER_PING_URL: runner.ping is imported once the run takes its lease (or ends
+    """CRON_RUNNER_PING_URL: runner.run.ping is imported once the run takes its lease (or ends
     without one, Redis unreachable), never for a replica that skips."""
 
     def __init__(self, url: str, timeout_s: float) -> None:
@@ -211,7 +212,7 @@ class PingHook(NullObserver):
 
     def _pinger(self) -> Any:
         if self.pinger is None:
-            from runner.ping import Pinger  # noqa: PLC0415 - only when a run pings
+            from runner.run.ping import Pinger  # noqa: PLC0415 - only when a run pings
 
             self.pinger = Pinger(self.url, self.timeout_s)
         return self.pinger

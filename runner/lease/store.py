@@ -34,8 +34,8 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 from redis.sentinel import MasterNotFoundError
 
 from runner import clock
+from runner.config.settings import RedisSettings
 from runner.errors import ConfigError, StoreUnavailable, Terminated
-from runner.settings import RedisSettings
 
 T = TypeVar("T")
 E = TypeVar("E", bound=BaseException)

@@ -39,7 +39,8 @@ from dramatiq.common import q_name
 from dramatiq.middleware import Middleware, Retries, TimeLimit
 from redis.exceptions import RedisError
 
-from runner import clock, store
+from runner import clock
+from runner.config.settings import Settings
 from runner.errors import (
     EXIT_TERMINATED,
     Cancelled,
@@ -48,9 +49,10 @@ from runner.errors import (
     StoreUnavailable,
 )
 from runner.keys import TaskKeys
-from runner.lease import Lease
+from runner.lease import store
+from runner.lease.scripts import Lease
 from runner.logs import RunLogger, run_logger
-from runner.queue import (
+from runner.queue.producer import (
     DEFAULT_MAX_BACKOFF_S,
     DEFAULT_MIN_BACKOFF_S,
     DEFAULT_RETRIES,
@@ -58,7 +60,6 @@ from runner.queue import (
     make_broker,
     queue_of,
 )
-from runner.settings import Settings
 from runner.tasks import Registry, RunContext, TaskSpec, queue_options
 
 log = logging.getLogger("runner.worker")

@@ -1,0 +1,638 @@
+"""Operations subcommands: status, history, unlock, forget, redefine, watchdog and check.
+
+Only the parsers live here: every run of ``cron-runner`` builds them, so each handler imports
+what it needs (state.py reads Redis, report.py renders, check.py checks).
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from typing import Any
+
+from runner import clock
+from runner.config.settings import Settings, parse_duration
+from runner.errors import ConfigError, StoreUnavailable, UnknownTask, UsageError
+
+AddFlags = Callable[[argparse.ArgumentParser, Sequence[str]], None]
+
+log = logging.getLogger("runner")
+
+DEFAULT_TOLERANCE = "10m"
+MAX_HISTORY = 100_000
+DEFAULT_HEARTBEAT_TTL = "15m"
+TOLERANCE_HELP = (
+    "how late a scheduled run may finish before its slot counts as missed "
+    f"(default {DEFAULT_TOLERANCE}; set it above your longest run plus the pod's start-up)"
+)
+
+
+# A bad flag value raises ConfigError itself, not argparse's ArgumentTypeError: argparse would
+# turn that into a usage error (64), while a bad value is a configuration error (78) wherever
+# it comes from, a flag or a variable.
+def _duration(value: str) -> float:
+    return parse_duration(value, "--tolerance")
+
+
+def _heartbeat_ttl(value: str) -> float:
+    seconds = parse_duration(value, "--heartbeat-ttl")
+    if seconds < 1:
+        # A heartbeat that expires as it is written reads as a watchdog that never ran.
+        raise ConfigError(
+            f"--heartbeat-ttl={value!r} is too small: expected at least 1s, and above the "
+            "watchdog's own interval"
+        )
+    return seconds
+
+
+def _count(value: str) -> int:
+    if not (value.isascii() and value.isdigit() and len(value) <= 9):
+        raise ConfigError(
+            f"history: -n {value[:30]!r} is not valid: expected a count from 1 to {MAX_HISTORY}"
+        )
+    return int(value)
+
+
+def _expected(value: str) -> tuple[str, str, str]:
+    """``TASK=SCHEDULE[;TZ]`` from --expect, validated now so a typo exits 78 naming it."""
+    from runner.keys import validate_name  # noqa: PLC0415
+    from runner.schedule.slots import Schedule  # noqa: PLC0415
+
+    task, sep, rest = value.partition("=")
+    schedule, _, timezone = rest.partition(";")
+    form = "expected TASK=SCHEDULE[;TZ], e.g. 'report=0 2 * * *;Europe/Berlin'"
+    if not sep or not task.strip() or not schedule.strip():
+        raise ConfigError(f"--expect {value!r} is not valid: {form}")
+    task, schedule, timezone = task.strip(), schedule.strip(), timezone.strip() or "UTC"
+    try:
+        validate_name("--expect task", task)
+        Schedule.parse(schedule, timezone, 0.0)
+    except ConfigError as exc:
+        raise ConfigError(f"--expect {value!r}: {exc}") from exc
+    return task, schedule, timezone
+
+
+def _max_runtime(value: str) -> tuple[str, float]:
+    """``TASK=DURATION`` from --max-runtime."""
+    from runner.keys import validate_name  # noqa: PLC0415
+
+    task, sep, duration = value.partition("=")
+    form = "expected TASK=DURATION, e.g. 'report=30m'"
+    if not sep or not task.strip() or not duration.strip():
+        raise argparse.ArgumentTypeError(f"{value!r} is not valid: {form}")
+    try:
+        validate_name("--max-runtime task", task.strip())
+        seconds = parse_duration(duration.strip(), "--max-runtime")
+    except ConfigError as exc:
+        raise argparse.ArgumentTypeError(f"{value!r}: {exc}") from exc
+    if seconds <= 0:
+        raise argparse.ArgumentTypeError(f"{value!r}: the duration must be above 0; {form}")
+    return task.strip(), seconds
+
+
+_LAST_SLOT = 253_402_300_799  # 9999-12-31T23:59:59Z
+
+
+def parse_slot(value: str) -> int:
+    """A slot as epoch seconds, or as an ISO 8601 time (UTC unless it names an offset)."""
+    from datetime import UTC, datetime  # noqa: PLC0415
+
+    bad = argparse.ArgumentTypeError(
+        f"SLOT {value[:60]!r} is not valid: expected epoch seconds (1767261600) or an ISO 8601 "
+        "time (2026-01-01T10:00:00Z) before the year 10000, as `status` and the watchdog list them"
+    )
+    text = value.strip()
+    if text.isascii() and text.isdigit():
+        slot = int(text) if len(text) <= 12 else _LAST_SLOT + 1
+    else:
+        try:
+            when = datetime.fromisoformat(text.replace("Z", "+00:00").replace("z", "+00:00"))
+            if when.tzinfo is None:
+                when = when.replace(tzinfo=UTC)
+            slot = int(when.timestamp())
+        except (ValueError, OverflowError):
+            raise bad from None
+    # Beyond it a slot cannot be shown as a time (time_t, and datetime's year 9999).
+    if slot > _LAST_SLOT:
+        raise bad
+    return slot
+
+
+def _output_flag(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--output", "-o", choices=("table", "json"), default="table", help="format")
+
+
+def add_commands(sub: Any, add_flags: AddFlags) -> None:
+    p = sub.add_parser(
+        "check",
+        help="check configuration, Redis, permissions and eviction policy (used by helm test)",
+        description="Parse the configuration; reach Redis and report its latency; run the lease "
+        "scripts on scratch keys in the task keyspace (so missing ACL permissions show now, not "
+        "in a run); warn on an evicting maxmemory-policy (fail with --strict) and when AOF "
+        "persistence is off. Exit 0 when nothing failed, 69 when Redis is unreachable, 78 when "
+        "it refuses the credentials or the settings (as a run would), else 1.",
+    )
+    add_flags(p, ("CONNECT_TIMEOUT", "LEASE_TTL"))
+    p.add_argument(
+        "--strict", action="store_true", help="fail, not only warn, on an evicting policy"
+    )
+    p.set_defaults(handler=cmd_check)
+
+    p = sub.add_parser(
+        "status",
+        help="each task's lease holder, last runs, next slot and whether it is overdue",
+        description="Without TASK, every task of the scope that has run or holds a lease.",
+    )
+    p.add_argument(
+        "task",
+        nargs="?",
+        metavar="TASK",
+        help="one task (its --name, or the chart's task key); one never seen: exit 78",
+    )
+    _output_flag(p)
+    p.add_argument("--tolerance", type=_duration, default=DEFAULT_TOLERANCE, help=TOLERANCE_HELP)
+    add_flags(p, ("CONNECT_TIMEOUT",))
+    p.set_defaults(handler=cmd_status)
+
+    p = sub.add_parser(
+        "history", help="a task's recorded runs, newest first", description="From the run stream."
+    )
+    p.add_argument("task", metavar="TASK", help="the task (its --name, or the chart's task key)")
+    p.add_argument("-n", type=_count, default=20, metavar="N", help="how many runs (default 20)")
+    _output_flag(p)
+    add_flags(p, ("CONNECT_TIMEOUT",))
+    p.set_defaults(handler=cmd_history)
+
+    p = sub.add_parser(
+        "unlock",
+        help="remove a task's lease (admin escape hatch; needs --force)",
+        description="Remove TASK's lease so that another run can start. The holder, if still "
+        "running, finds its lease gone at its next renewal, stops its task and exits 75. "
+        "Refused without --force. With --holder, the lease is removed only if that holder "
+        "(a holder id as `status` shows it, or a whole token) holds it, checked inside Redis. "
+        "Logged, and recorded in the task's history.",
+    )
+    p.add_argument("task", metavar="TASK")
+    p.add_argument("--force", action="store_true", help="really remove it")
+    p.add_argument("--holder", metavar="H", help="only if H holds it")
+    add_flags(p, ("CONNECT_TIMEOUT",))
+    p.set_defaults(handler=cmd_unlock)
+
+    p = sub.add_parser(
+        "forget",
+        help="delete a removed task's state and history, so status and watchdog drop it",
+        description="Delete TASK's state hash and run history. Its fencing counter stays (a "
+        "token must never be handed out twice) and its slot markers expire on their own. "
+        "Refused without --force, and while a run holds the lease. Logged.",
+    )
+    p.add_argument("task", metavar="TASK")
+    p.add_argument("--force", action="store_true", help="really delete it")
+    add_flags(p, ("CONNECT_TIMEOUT",))
+    p.set_defaults(handler=cmd_forget)
+
+    p = sub.add_parser(
+        "redefine",
+        help="let a task's next scheduled run store a new definition (after a schedule change)",
+        description="Delete TASK's stored definition (mode, command or task, schedule, time "
+        "zone), so that the next scheduled run stores its own. Runners of a definition that "
+        "differs from the stored one are refused (exit 78) because one task with two "
+        "definitions runs twice; after changing a task's schedule, zone or command everywhere "
+        "(every cluster's `helm upgrade`, every server's crontab), run this once. A runner of "
+        "the old definition still left is refused from then on. Refused without --force. "
+        "Logged.",
+    )
+    p.add_argument("task", metavar="TASK")
+    p.add_argument("--force", action="store_true", help="really delete the stored definition")
+    add_flags(p, ("CONNECT_TIMEOUT",))
+    p.set_defaults(handler=cmd_redefine)
+
+    p = sub.add_parser(
+        "watchdog",
+        help="exit 1 naming every task that missed a scheduled run (for a CronJob's alerts)",
+        description="For every task of the scope with a schedule in its state (set "
+        "CRON_RUNNER_SCHEDULE, as the chart does), judge the fire times since the last watchdog "
+        "run by their slot markers and record those that passed with no run in the task's "
+        "missed-slot ledger, where they stay until they run or `cron-runner ack` acknowledges "
+        "them; list them, and the fire times after the last success that should have run by "
+        "now minus the tolerance. Exit 1 if any task has one, or a run holds its lease past "
+        "the task's max runtime, else 0. Each run leaves a heartbeat (--heartbeat-ttl). "
+        "A task becomes known when it first runs, or when --expect names it: then it is "
+        "overdue once a slot after that first expectation is missed, so a CronJob that never "
+        "fires is caught too (the chart passes every task). A task removed for good stays "
+        "known until `cron-runner forget TASK --force`.",
+    )
+    p.add_argument("--tolerance", type=_duration, default=DEFAULT_TOLERANCE, help=TOLERANCE_HELP)
+    p.add_argument(
+        "--expect",
+        action="append",
+        default=[],
+        type=_expected,
+        metavar="TASK=SCHEDULE[;TZ]",
+        help="a task that should run on this schedule (time zone default UTC), whether or not "
+        "it has run yet; repeat for each, e.g. --expect 'report=0 2 * * *;Europe/Berlin'",
+    )
+    p.add_argument(
+        "--ignore",
+        action="append",
+        default=[],
+        metavar="TASK",
+        help="do not check TASK (e.g. one suspended on purpose); repeat for each",
+    )
+    p.add_argument(
+        "--max-runtime",
+        action="append",
+        default=[],
+        type=_max_runtime,
+        metavar="TASK=DURATION",
+        help="report TASK when one run holds its lease longer than DURATION (the run's own "
+        "CRON_RUNNER_MAX_RUNTIME does the same once it has run); repeat for each",
+    )
+    p.add_argument(
+        "--heartbeat-ttl",
+        type=_heartbeat_ttl,
+        default=DEFAULT_HEARTBEAT_TTL,
+        help="each run leaves a heartbeat that `status` and `serve` report missing after this "
+        f"long (default {DEFAULT_HEARTBEAT_TTL}: keep it above the watchdog's own interval)",
+    )
+    _output_flag(p)
+    add_flags(p, ("CONNECT_TIMEOUT",))
+    p.set_defaults(handler=cmd_watchdog)
+
+    p = sub.add_parser(
+        "ack",
+        help="acknowledge a missed slot, so it is no longer reported",
+        description="Remove SLOT from TASK's missed-slot ledger, where a slot that passed with no "
+        "run stays (reported by status, the watchdog and serve) until it runs or is "
+        "acknowledged. SLOT is epoch seconds or an ISO 8601 time, as status lists it. Logged, "
+        "and recorded in the task's history. Exit 1 if the slot is not in the ledger. --all "
+        "acknowledges every slot in it (a task stopped on purpose for a while).",
+    )
+    p.add_argument("task", metavar="TASK")
+    p.add_argument("slot", metavar="SLOT", type=parse_slot, nargs="?")
+    p.add_argument("--all", action="store_true", help="every slot in the ledger")
+    p.add_argument("--tolerance", type=_duration, default=DEFAULT_TOLERANCE, help=TOLERANCE_HELP)
+    add_flags(p, ("CONNECT_TIMEOUT",))
+    p.set_defaults(handler=cmd_ack)
+
+
+@contextmanager
+def _connected(settings: Settings, what: str) -> Iterator[Any]:
+    """A client that has answered a PING within the connect deadline (exit 69 if not)."""
+    from redis.exceptions import ConnectionError as RedisConnectionError  # noqa: PLC0415
+    from redis.exceptions import NoPermissionError, TimeoutError  # noqa: PLC0415
+
+    from runner.lease import store  # noqa: PLC0415
+
+    where = settings.redis.display_target
+    client = store.connect(settings.redis, settings.lease.ttl_s)
+    try:
+        deadline = clock.monotonic() + settings.redis.connect_timeout_s
+        store.with_deadline(client.ping, deadline_s=deadline, what=what, where=where)
+        try:
+            yield client
+        except (RedisConnectionError, TimeoutError) as exc:
+            raise StoreUnavailable(f"{what}: lost Redis at {where}: {exc}") from exc
+        except NoPermissionError as exc:
+            raise ConfigError(f"{what}: the ACL user may not do this at {where}: {exc}") from exc
+    finally:
+        client.close()
+
+
+def _write(text: str) -> None:
+    sys.stdout.write(text)
+
+
+def cmd_check(args: argparse.Namespace, settings: Settings) -> int:
+    from runner.ops.check import Check  # noqa: PLC0415
+
+    return Check(settings, sys.stdout).run(strict=args.strict)
+
+
+def _registered(settings: Settings, task: str) -> bool:
+    """A task of CRON_RUNNER_TASK_MODULES or the entry points: known, even before it runs."""
+    from runner.tasks import Registry  # noqa: PLC0415
+
+    try:
+        return task in Registry.discover(settings.run.task_modules).names()
+    except ConfigError:  # status is a read: tasks that cannot be imported here are not its job
+        return False
+
+
+def cmd_status(args: argparse.Namespace, settings: Settings) -> int:
+    import dataclasses  # noqa: PLC0415
+
+    from runner.keys import validate_name  # noqa: PLC0415
+    from runner.ops import report  # noqa: PLC0415
+    from runner.ops.state import Reader  # noqa: PLC0415
+    from runner.queue import producer as queue  # noqa: PLC0415 - queue mode's counts; no Dramatiq import
+
+    if args.task is not None:
+        validate_name("TASK", args.task)
+    now_s = clock.wall()
+    lease = settings.lease
+    with _connected(settings, "status") as client:
+        reader = Reader(client, lease.prefix, lease.scope)
+        names = [args.task] if args.task else reader.tasks()
+        statuses = reader.statuses(names, now_s=now_s, tolerance_s=args.tolerance)
+        if not args.task:
+            statuses = [s for s in statuses if s.known]
+        queues = queue.status_for(client, settings, args.task)
+        if args.task and not (statuses[0].known or queues or _registered(settings, args.task)):
+            # A typo, or another scope or prefix: an empty "free, never" row would hide both.
+            known = ", ".join(reader.tasks()) or "none"
+            raise UnknownTask(
+                f"status: no task {args.task!r} in scope {lease.scope!r} (key prefix "
+                f"{lease.prefix!r}): it has never run there, holds no lease, has no queue and "
+                f"is not a registered task; known there: {known} (check the name, "
+                "CRON_RUNNER_SCOPE and CRON_RUNNER_KEY_PREFIX)"
+            )
+        heartbeat = reader.heartbeat()
+    if args.output == "json":
+        tasks = [report.status_json(s) for s in statuses]
+        _write(report.dumps({"scope": lease.scope, "now": report.iso(now_s), "tasks": tasks,
+                             "queues": [dataclasses.asdict(q) for q in queues],
+                             "watchdog": report.heartbeat_json(heartbeat)}))  # fmt: skip
+        return 0
+    if statuses:
+        _write(report.status_table(statuses))
+        for s in statuses:
+            if s.over_max_runtime:
+                _write(f"OVER MAX RUNTIME  {report.over_runtime_text(s)}\n")
+    else:
+        _write(f"no tasks in scope {lease.scope!r} (key prefix {lease.prefix!r}) have run yet\n")
+    if queues:
+        _write("\n" + queue.format_status(queues))
+    if not args.task:
+        _write("\n" + report.heartbeat_text(heartbeat, now_s))
+    return 0
+
+
+def cmd_history(args: argparse.Namespace, settings: Settings) -> int:
+    from runner.keys import validate_name  # noqa: PLC0415
+    from runner.ops import report  # noqa: PLC0415
+    from runner.ops.state import Reader  # noqa: PLC0415
+
+    validate_name("TASK", args.task)
+    if not 1 <= args.n <= MAX_HISTORY:
+        raise ConfigError(
+            f"history: -n {str(args.n)[:30]} is not valid: expected a count from 1 to "
+            f"{MAX_HISTORY} (the run stream keeps about 1000 runs)"
+        )
+    lease = settings.lease
+    with _connected(settings, "history") as client:
+        records = Reader(client, lease.prefix, lease.scope).history(args.task, args.n)
+    if args.output == "json":
+        runs = [report.record_json(r) for r in records]
+        _write(report.dumps({"task": args.task, "scope": lease.scope, "runs": runs}))
+    elif records:
+        _write(report.history_table(records))
+    else:
+        _write(f"no runs recorded for task {args.task!r} in scope {lease.scope!r}\n")
+    return 0
+
+
+def _require_force(args: argparse.Namespace, command: str, why: str) -> None:
+    """The admin commands act on one named task, and only when told twice (``--force``)."""
+    from runner.keys import validate_name  # noqa: PLC0415
+
+    validate_name("TASK", args.task)
+    if not args.force:
+        raise ConfigError(
+            f"{command} {args.task}: refused without --force. {why} "
+            f"Look first with `cron-runner status {args.task}`."
+        )
+
+
+def cmd_unlock(args: argparse.Namespace, settings: Settings) -> int:
+    from runner.keys import TaskKeys  # noqa: PLC0415
+    from runner.lease.scripts import holder_of, unlock  # noqa: PLC0415
+    from runner.ops import report  # noqa: PLC0415
+
+    _require_force(
+        args,
+        "unlock",
+        "Removing a lease lets another run start while its holder may still be running (it "
+        "stops at its next renewal, exit 75); --holder H removes it only from H.",
+    )
+    lease = settings.lease
+    keys = TaskKeys(lease.prefix, lease.scope, args.task)
+    record: dict[str, str | int | float] = {
+        "outcome": "unlocked",
+        "holder": lease.holder,
+        "started_at": f"{clock.wall():.3f}",
+        "duration_ms": 0,
+    }
+    with _connected(settings, "unlock") as client:
+        result, token = unlock(client, keys, record, holder=args.holder)
+    found = report.printable(holder_of(token)) if token else None
+    fields = {"task": args.task, "holder": lease.holder, "run_holder": found}
+    if result == "unlocked":
+        log.warning(
+            f"unlocked {args.task}: removed the lease held by {found}",
+            extra={"event": "unlock", "outcome": "unlocked", **fields},
+        )
+        _write(f"unlocked {args.task}: removed the lease held by {found}\n")
+        return 0
+    if result == "free":
+        log.info(f"unlock {args.task}: the lease is free", extra={"event": "unlock", **fields})
+        _write(f"{args.task}: the lease is already free; nothing removed\n")
+        return 0
+    log.warning(
+        f"unlock {args.task} refused: held by {found}, not {args.holder}",
+        extra={"event": "unlock", "outcome": "refused", **fields},
+    )
+    _write(f"not unlocked: {args.task} is held by {found}, not {args.holder}\n")
+    return 1
+
+
+def cmd_forget(args: argparse.Namespace, settings: Settings) -> int:
+    from runner.lease.scripts import holder_of  # noqa: PLC0415
+    from runner.ops import report  # noqa: PLC0415
+    from runner.ops.state import Reader  # noqa: PLC0415
+
+    _require_force(args, "forget", "It deletes the task's state and run history for good.")
+    lease = settings.lease
+    with _connected(settings, "forget") as client:
+        reader = Reader(client, lease.prefix, lease.scope)
+        token = client.get(reader.keys(args.task).lease)
+        if token is not None:
+            held_by = report.printable(holder_of(token))
+            _write(f"not forgotten: {args.task} is running now (held by {held_by})\n")
+            return 1
+        deleted = reader.forget(args.task)
+    log.warning(
+        f"forgot {args.task}: deleted its state and history",
+        extra={"event": "forget", "task": args.task, "holder": lease.holder},
+    )
+    _write(f"forgot {args.task}: {deleted} key(s) deleted\n" if deleted else
+           f"{args.task}: nothing recorded; nothing deleted\n")  # fmt: skip
+    return 0
+
+
+def cmd_redefine(args: argparse.Namespace, settings: Settings) -> int:
+    from runner.ops import report  # noqa: PLC0415
+    from runner.ops.state import Reader  # noqa: PLC0415
+
+    _require_force(args, "redefine", "The task's next scheduled run stores its definition.")
+    lease = settings.lease
+    with _connected(settings, "redefine") as client:
+        meta = Reader(client, lease.prefix, lease.scope).keys(args.task).meta
+        stored = client.hget(meta, "definition")
+        client.hdel(meta, "definition")
+    if stored is None:
+        _write(f"{args.task}: no definition stored; its next scheduled run stores one\n")
+        return 0
+    old = report.printable(stored.decode() if isinstance(stored, bytes) else str(stored))
+    log.warning(
+        f"redefine {args.task}: deleted the stored definition [{old}]",
+        extra={"event": "redefine", "task": args.task, "holder": lease.holder},
+    )
+    _write(f"{args.task}: deleted the stored definition [{old}]; its next scheduled run "
+           "stores its own\n")  # fmt: skip
+    return 0
+
+
+def cmd_watchdog(args: argparse.Namespace, settings: Settings) -> int:
+    from runner.keys import validate_name  # noqa: PLC0415
+    from runner.ops import report  # noqa: PLC0415
+    from runner.ops.state import Heartbeat, Reader  # noqa: PLC0415
+
+    now_s = clock.wall()
+    lease = settings.lease
+    ignored = {validate_name("--ignore", name) for name in args.ignore}
+    with _connected(settings, "watchdog") as client:
+        reader = Reader(client, lease.prefix, lease.scope)
+        for task, schedule, timezone in args.expect:
+            reader.expect(task, schedule, timezone, now_s=now_s)
+        for task, seconds in args.max_runtime:
+            reader.set_max_runtime(task, seconds)
+        ignored = set(args.ignore)
+        names = [n for n in reader.tasks() if n not in ignored]
+        for name in names:
+            reader.scan_ledger(name, now_s=now_s, tolerance_s=args.tolerance)
+        statuses = [
+            s for s in reader.statuses(names, now_s=now_s, tolerance_s=args.tolerance) if s.known
+        ]
+        overdue = [s for s in statuses if s.overdue]
+        too_long = [s for s in statuses if s.over_max_runtime]
+        unchecked = [s.task for s in statuses if s.overdue is None]
+        reader.beat(
+            Heartbeat(
+                at=now_s,
+                holder=lease.holder,
+                ttl_s=args.heartbeat_ttl,
+                checked=len(statuses) - len(unchecked),
+                overdue=len(overdue),
+            )
+        )
+    for s in overdue:
+        assert s.missed is not None
+        log.error(
+            f"overdue: {report.missed_text(s)}",
+            extra={"event": "overdue", "task": s.task, "slot": s.missed.slots[0]},
+        )
+    for s in too_long:
+        log.error(
+            f"over max runtime: {report.over_runtime_text(s)}",
+            extra={"event": "over_max_runtime", "task": s.task},
+        )
+    if args.output == "json":
+        _write(
+            report.dumps(
+                {
+                    "scope": lease.scope,
+                    "now": report.iso(now_s),
+                    "tolerance_s": args.tolerance,
+                    "checked": len(statuses) - len(unchecked),
+                    "overdue": [
+                        {
+                            "task": s.task,
+                            "schedule": s.schedule,
+                            "timezone": s.timezone,
+                            "last_success_at": report.iso(s.last_success.at)
+                            if s.last_success
+                            else None,
+                            "missed": report.missed_json(s.missed),
+                        }
+                        for s in overdue
+                    ],
+                    "over_max_runtime": [
+                        {
+                            "task": s.task,
+                            "holder": s.holder,
+                            "running_since": report.iso(s.running_since),
+                            "max_runtime_s": s.max_runtime_s,
+                        }
+                        for s in too_long
+                    ],
+                    "unchecked": unchecked,
+                }
+            )
+        )
+    else:
+        for s in overdue:
+            _write(f"OVERDUE  {report.missed_text(s)}\n")
+        for s in too_long:
+            _write(f"OVER MAX RUNTIME  {report.over_runtime_text(s)}\n")
+        summary = f"{len(statuses) - len(unchecked)} tasks checked, {len(overdue)} overdue"
+        if too_long:
+            summary += f", {len(too_long)} over their max runtime"
+        if unchecked:
+            summary += f"; no schedule recorded for: {', '.join(unchecked)}"
+        _write(f"{'FAIL' if overdue else 'ok'}  {summary} (scope {lease.scope!r})\n")
+        if overdue:
+            _write(
+                "(a task removed on purpose stays known until `cron-runner forget TASK --force`)\n"
+            )
+    return 1 if overdue or too_long else 0
+
+
+def cmd_ack(args: argparse.Namespace, settings: Settings) -> int:
+    from runner.keys import validate_name  # noqa: PLC0415
+    from runner.ops import report  # noqa: PLC0415
+    from runner.ops.state import Reader  # noqa: PLC0415
+
+    validate_name("TASK", args.task)
+    if (args.slot is None) == (not args.all):
+        raise UsageError("ack: expected either SLOT or --all, e.g. cron-runner ack report "
+                          "2026-01-01T10:00:00Z")  # fmt: skip
+    lease = settings.lease
+    now_s = clock.wall()
+    record = {
+        "outcome": "acknowledged",
+        "holder": lease.holder,
+        "started_at": f"{now_s:.3f}",
+        "duration_ms": "0",
+    }
+    with _connected(settings, "ack") as client:
+        reader = Reader(client, lease.prefix, lease.scope)
+        # Judge what passed since the last watchdog first, so a slot `status` lists is here.
+        reader.scan_ledger(args.task, now_s=now_s, tolerance_s=args.tolerance)
+        if args.all:
+            slots = reader.ledger(args.task)
+            for one in slots:
+                reader.acknowledge(args.task, one, record)
+            _write(f"acknowledged {len(slots)} missed slot(s) of {args.task}\n")
+            if slots:
+                log.warning(
+                    f"acknowledged {len(slots)} missed slot(s) of {args.task}",
+                    extra={"event": "ack", "task": args.task, "holder": lease.holder},
+                )
+            return 0
+        removed = reader.acknowledge(args.task, args.slot, record)
+        left = [] if removed else reader.ledger(args.task)
+    slot = report.iso(args.slot)
+    if removed:
+        log.warning(
+            f"acknowledged {args.task}'s missed slot {slot}",
+            extra={"event": "ack", "task": args.task, "slot": args.slot, "holder": lease.holder},
+        )
+        _write(f"acknowledged: {args.task} slot {slot} ({args.slot}) is no longer reported\n")
+        return 0
+    listed = ", ".join(f"{report.iso(s)} ({s})" for s in left) or "none"
+    _write(f"not acknowledged: slot {slot} ({args.slot}) is not in {args.task}'s missed-slot "
+           f"ledger; its missed slots: {listed}\n")  # fmt: skip
+    return 1

@@ -1,0 +1,1 @@
+"""Queue mode: Dramatiq producers, workers and their bookkeeping."""

@@ -1,0 +1,1 @@
+"""One run: its phases, its policy, its targets and what observes it."""
