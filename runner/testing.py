@@ -15,7 +15,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from types import TracebackType
+from typing import Self
 
 import redis
 
@@ -44,7 +44,23 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-class RedisServer:
+class Service:
+    """Something a test starts and must close: ``with X() as x`` starts it and closes it after."""
+
+    def start(self) -> Self:
+        raise NotImplementedError
+
+    def close(self) -> None:
+        raise NotImplementedError
+
+    def __enter__(self) -> Self:
+        return self.start()
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+
+class RedisServer(Service):
     """Start with ``start()`` or as a context manager; ``restart()`` keeps port and data dir."""
 
     def __init__(
@@ -126,14 +142,3 @@ class RedisServer:
         self.stop(kill=True)
         if self._tmp is not None:
             self._tmp.cleanup()
-
-    def __enter__(self) -> RedisServer:
-        return self.start()
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.close()

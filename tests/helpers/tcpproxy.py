@@ -17,14 +17,15 @@ import asyncio
 import contextlib
 import threading
 import time
-from types import TracebackType
+
+from runner.testing import Service
 
 FORWARD = "forward"
 BLACKHOLE = "blackhole"
 REFUSE = "refuse"
 
 
-class TcpProxy:
+class TcpProxy(Service):
     def __init__(self, target_port: int, target_host: str = "127.0.0.1") -> None:
         self.target = (target_host, target_port)
         self.mode = FORWARD
@@ -65,17 +66,6 @@ class TcpProxy:
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join(timeout=10)
         self._loop.close()
-
-    def __enter__(self) -> TcpProxy:
-        return self.start()
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.close()
 
     # -- the loop's side ------------------------------------------------------------------
 

@@ -13,13 +13,12 @@ import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from types import TracebackType
 from typing import Any, cast
 
 import redis
 from redis.crc import key_slot
 
-from runner.testing import RedisServer, free_port
+from runner.testing import RedisServer, Service, free_port
 from tests.helpers.wait import wait_for
 
 # -- TLS ----------------------------------------------------------------------------------
@@ -185,7 +184,7 @@ class SentinelProcess:
             self.proc.wait()
 
 
-class SentinelTopology:
+class SentinelTopology(Service):
     """1 primary, 1 replica, 3 sentinels on loopback. ``replica_upstream_port`` makes the
     replica replicate through another port (a proxy in front of ``primary_port``)."""
 
@@ -333,22 +332,11 @@ class SentinelTopology:
         self.primary.close()
         self._tmp.cleanup()
 
-    def __enter__(self) -> SentinelTopology:
-        return self.start()
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.close()
-
 
 # -- Cluster ------------------------------------------------------------------------------
 
 
-class ClusterTopology:
+class ClusterTopology(Service):
     """3 primaries, no replicas, created with ``redis-cli --cluster create``."""
 
     def __init__(self, size: int = 3) -> None:
@@ -471,17 +459,6 @@ class ClusterTopology:
         for node in self.nodes:
             with contextlib.suppress(Exception):
                 node.close()
-
-    def __enter__(self) -> ClusterTopology:
-        return self.start()
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.close()
 
 
 def task_names_per_node(cluster: ClusterTopology, prefix: str, scope: str) -> dict[int, str]:

@@ -1,10 +1,9 @@
-"""A rolling upgrade (issue 11, item 11): the previous release's runner (b170e33, from a git
-worktree in its own venv) and this one share a Redis, started together for 20 slots, each side
-first in turn. Exactly one side effect per slot, and the ``status`` and ``history`` of each read
+"""A rolling upgrade (issue 11, item 11): a previous release's runner (from a git worktree in its
+own venv) and this one share a Redis, started together for 20 slots, each side first in turn. Exactly one side effect per slot, and the ``status`` and ``history`` of each read
 the other's records.
 
-Slots come from CRON_RUNNER_JOB_NAME (runner/slots.py), 20 recent minutes, so the test needs no
-real minutes to pass. The old release is built once per test session."""
+Slots come from CRON_RUNNER_JOB_NAME (runner/schedule/slots.py), 20 recent minutes, so the test
+needs no real minutes to pass. Each old release is built once per test session."""
 
 from __future__ import annotations
 
@@ -26,17 +25,22 @@ from runner.testing import RedisServer
 from tests.helpers.proc import CRON_RUNNER, ROOT, events, runner_env
 from tests.helpers.wait import wait_for
 
-PREVIOUS = "b170e33"
+# b170e33: before the protocol version (issue 11); bf4bd60: the last commit before the package
+# layout of issue 15, whose keys, scripts and records the restructured runner must share.
+PREVIOUS_RELEASES = ("b170e33", "bf4bd60")
 LEASE_KEY = "cron-runner:{default:mixed}:lease"
 pytestmark = pytest.mark.upgrade
 
 
-@pytest.fixture(scope="session")
-def previous_runner(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    base = tmp_path_factory.mktemp(f"cron-runner-{PREVIOUS}")
+@pytest.fixture(scope="session", params=PREVIOUS_RELEASES)
+def previous_runner(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[str]:
+    previous: str = request.param
+    base = tmp_path_factory.mktemp(f"cron-runner-{previous}")
     tree, venv = base / "tree", base / "venv"
     git = ["git", "-C", str(ROOT)]
-    subprocess.run([*git, "worktree", "add", "--detach", str(tree), PREVIOUS],
+    subprocess.run([*git, "worktree", "add", "--detach", str(tree), previous],
                    check=True, capture_output=True)  # fmt: skip
     try:
         subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
