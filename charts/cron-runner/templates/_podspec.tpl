@@ -1,29 +1,66 @@
 {{/*
-The pod spec of every CronJob the chart renders (the tasks and the watchdog), in one place;
-a Deployment's may use it too (no restartPolicy, optional topologySpreadConstraints).
-Keys come out in one fixed order, and each volume and mount with its name first, so that a
-change here shows as a change in manifests/ and nowhere else.
+The pod of every workload that runs the runner: the tasks' and the watchdog's CronJobs, the
+serve and worker Deployments (as a PodTemplateSpec, cron-runner.podTemplate) and the helm test
+Pod. What they share is written here once: the release's service account, pod and container
+security contexts and image pull secrets, service links off, /tmp and the Redis secrets mounted
+(cron-runner.volumes), runner.envFrom. A workload passes only what differs. Keys come out in one
+fixed order, and each volume and mount with its name first, so that a change here shows as a
+change in manifests/ and nowhere else.
 
-Call with a dict: "root" $, "restartPolicy", "terminationGracePeriodSeconds",
-"serviceAccountName", "automountServiceAccountToken", "securityContext" (the pod's),
-"priorityClassName", "nodeSelector", "tolerations", "affinity", "topologySpreadConstraints",
-"initContainers" and "extraContainers" (the user's own, as given), "chartInitContainers" and
-"containers" (the chart's, lists of container dicts, see cron-runner.container), "volumes".
+The bundled Redis (redis-statefulset.yaml) is not such a pod: its own image and user, no service
+account, no runner environment or secrets; what it would share is four optional keys.
+
+Call with a dict:
+  root                            $
+  container                       the runner's container, below
+  terminationGracePeriodSeconds   when the workload sets one (the test Pod does not)
+  restartPolicy                   a Job's
+  serviceAccountName              else the release's
+  automountServiceAccountToken, securityContext (the pod's)
+                                  when given, even as null; else the release's
+  priorityClassName, nodeSelector, tolerations, affinity, topologySpreadConstraints
+  initContainers, extraContainers the user's own, as given
+  chartInitContainers             the chart's, container dicts (cron-runner.container)
+  volumes                         after /tmp and the Redis secrets
+
+The runner's container is a dict for cron-runner.container with "name", "args" and "env" (the
+pod's cron-runner.env) at least. image, imagePullPolicy and command default to the release's
+image and `cron-runner`; securityContext, when not given (null is given), to the release's;
+"envFrom" goes after runner.envFrom, "volumeMounts" after /tmp and the Redis secrets.
 */}}
 {{- define "cron-runner.podSpec" -}}
+{{- $root := .root }}
+{{- $c := .container }}
+{{- $container := dict
+  "name" $c.name
+  "image" (default (include "cron-runner.image" $root) $c.image)
+  "imagePullPolicy" (default $root.Values.image.pullPolicy $c.imagePullPolicy)
+  "command" (default (list "cron-runner") $c.command)
+  "args" $c.args
+  "workingDir" $c.workingDir
+  "env" $c.env
+  "envFrom" (concat (default list $root.Values.runner.envFrom) (default list $c.envFrom))
+  "ports" $c.ports
+  "livenessProbe" $c.livenessProbe
+  "readinessProbe" $c.readinessProbe
+  "resources" $c.resources
+  "securityContext" (ternary $c.securityContext $root.Values.securityContext (hasKey $c "securityContext"))
+  "volumeMounts" (concat (include "cron-runner.volumeMounts" $root | fromYamlArray) (default list $c.volumeMounts)) }}
 {{- with .restartPolicy }}
 restartPolicy: {{ . }}
 {{- end }}
+{{- if hasKey . "terminationGracePeriodSeconds" }}
 terminationGracePeriodSeconds: {{ int64 .terminationGracePeriodSeconds }}
-serviceAccountName: {{ .serviceAccountName }}
-automountServiceAccountToken: {{ if .automountServiceAccountToken }}true{{ else }}false{{ end }}
+{{- end }}
+serviceAccountName: {{ default (include "cron-runner.serviceAccountName" $root) .serviceAccountName }}
+automountServiceAccountToken: {{ if ternary .automountServiceAccountToken $root.Values.serviceAccount.automountServiceAccountToken (hasKey . "automountServiceAccountToken") }}true{{ else }}false{{ end }}
 enableServiceLinks: false
 securityContext:
-  {{- toYaml .securityContext | nindent 2 }}
+  {{- toYaml (ternary .securityContext $root.Values.podSecurityContext (hasKey . "securityContext")) | nindent 2 }}
 {{- with .priorityClassName }}
 priorityClassName: {{ . }}
 {{- end }}
-{{- with .root.Values.imagePullSecrets }}
+{{- with $root.Values.imagePullSecrets }}
 imagePullSecrets:
   {{- toYaml . | nindent 2 }}
 {{- end }}
@@ -53,20 +90,36 @@ initContainers:
   {{- end }}
 {{- end }}
 containers:
-  {{- range .containers }}
-  {{- include "cron-runner.container" . | nindent 2 }}
-  {{- end }}
+  {{- include "cron-runner.container" $container | nindent 2 }}
   {{- with .extraContainers }}
   {{- toYaml . | nindent 2 }}
   {{- end }}
 volumes:
-  {{- include "cron-runner.namedList" .volumes | nindent 2 }}
+  {{- include "cron-runner.namedList" (concat (include "cron-runner.volumes" $root | fromYamlArray) (default list .volumes)) | trim | nindent 2 }}
+{{- end }}
+
+{{/*
+A PodTemplateSpec (a CronJob's or a Deployment's): the labels, with the workload's podLabels
+under them (the chart's win: the NetworkPolicies select on them), its podAnnotations, and the
+pod spec. Call with the dict of cron-runner.podSpec plus "labels", "podLabels", "podAnnotations".
+*/}}
+{{- define "cron-runner.podTemplate" -}}
+metadata:
+  labels:
+    {{- toYaml (merge (dict) .labels (default dict .podLabels)) | nindent 4 }}
+  {{- with .podAnnotations }}
+  annotations:
+    {{- toYaml . | nindent 4 }}
+  {{- end }}
+spec:
+  {{- include "cron-runner.podSpec" . | trim | nindent 2 }}
 {{- end }}
 
 {{/*
 One container as a list item, keys in a fixed order. A dict with "name", "image",
-"imagePullPolicy", "command", "args", "workingDir", "env", "envFrom", "resources",
-"securityContext", "volumeMounts"; empty ones are left out, but for env and securityContext.
+"imagePullPolicy", "command", "args", "workingDir", "env", "envFrom", "ports", "livenessProbe",
+"readinessProbe", "resources", "securityContext", "volumeMounts"; empty ones are left out, but
+for env (when the key is there) and securityContext.
 */}}
 {{- define "cron-runner.container" -}}
 - name: {{ .name }}
@@ -87,19 +140,17 @@ One container as a list item, keys in a fixed order. A dict with "name", "image"
   env:
     {{- toYaml .env | nindent 4 }}
   {{- end }}
-  {{- with .envFrom }}
-  envFrom:
+  {{- range $field := list "envFrom" "ports" "livenessProbe" "readinessProbe" "resources" }}
+  {{- with index $ $field }}
+  {{ $field }}:
     {{- toYaml . | nindent 4 }}
   {{- end }}
-  {{- with .resources }}
-  resources:
-    {{- toYaml . | nindent 4 }}
   {{- end }}
   securityContext:
     {{- toYaml .securityContext | nindent 4 }}
   {{- with .volumeMounts }}
   volumeMounts:
-    {{- include "cron-runner.namedList" . | nindent 4 }}
+    {{- include "cron-runner.namedList" . | trim | nindent 4 }}
   {{- end }}
 {{- end }}
 
@@ -110,6 +161,72 @@ One container as a list item, keys in a fixed order. A dict with "name", "image"
   {{- with omit . "name" }}
   {{- toYaml . | nindent 2 }}
   {{- end }}
+{{- end }}
+{{- end }}
+
+{{/* The volumes of every pod that runs the runner: /tmp, and each Redis secret (cron-runner.redis.env names the files). */}}
+{{- define "cron-runner.volumes" -}}
+{{- $tls := .Values.redis.tls }}
+- name: tmp
+  emptyDir:
+    {{- if .Values.tmp.sizeLimit }}
+    sizeLimit: {{ .Values.tmp.sizeLimit }}
+    {{- else }} {}
+    {{- end }}
+{{- $secret := include "cron-runner.redis.passwordSecret" . | fromJson }}
+{{- if $secret.name }}
+- name: redis-password
+  secret:
+    secretName: {{ $secret.name }}
+    defaultMode: 0440
+    items:
+      - key: {{ $secret.key }}
+        path: password
+{{- end }}
+{{- if and .Values.redis.sentinel.enabled .Values.redis.sentinel.existingSecret }}
+- name: redis-sentinel-password
+  secret:
+    secretName: {{ .Values.redis.sentinel.existingSecret }}
+    defaultMode: 0440
+    items:
+      - key: {{ .Values.redis.sentinel.passwordKey }}
+        path: password
+{{- end }}
+{{- if $tls.enabled }}
+- name: redis-tls
+  secret:
+    secretName: {{ $tls.existingSecret }}
+    defaultMode: 0440
+    items:
+      - key: {{ $tls.caKey }}
+        path: ca.crt
+      {{- if and $tls.certKey $tls.keyKey }}
+      - key: {{ $tls.certKey }}
+        path: tls.crt
+      - key: {{ $tls.keyKey }}
+        path: tls.key
+      {{- end }}
+{{- end }}
+{{- end }}
+
+{{/* Where the runner's container mounts cron-runner.volumes. */}}
+{{- define "cron-runner.volumeMounts" -}}
+- name: tmp
+  mountPath: /tmp
+{{- if (include "cron-runner.redis.passwordSecret" . | fromJson).name }}
+- name: redis-password
+  mountPath: /etc/cron-runner/redis-password
+  readOnly: true
+{{- end }}
+{{- if and .Values.redis.sentinel.enabled .Values.redis.sentinel.existingSecret }}
+- name: redis-sentinel-password
+  mountPath: /etc/cron-runner/redis-sentinel-password
+  readOnly: true
+{{- end }}
+{{- if .Values.redis.tls.enabled }}
+- name: redis-tls
+  mountPath: /etc/cron-runner/redis-tls
+  readOnly: true
 {{- end }}
 {{- end }}
 
