@@ -7,8 +7,9 @@ security contexts and image pull secrets, service links off, /tmp and the Redis 
 fixed order, and each volume and mount with its name first, so that a change here shows as a
 change in manifests/ and nowhere else.
 
-The bundled Redis (redis-statefulset.yaml) is not such a pod: its own image and user, no service
-account, no runner environment or secrets; what it would share is four optional keys.
+The bundled Redis (redis-statefulset.yaml) is another kind of pod and writes its own: another
+image and user (redis.bundled.uid), no service account, no runner environment, no /tmp sizeLimit
+or Redis secrets; it would share only service links off and the pull secrets.
 
 Call with a dict:
   root                            $
