@@ -1,29 +1,67 @@
 {{/*
-The pod spec of every CronJob the chart renders (the tasks and the watchdog), in one place;
-a Deployment's may use it too (no restartPolicy, optional topologySpreadConstraints).
-Keys come out in one fixed order, and each volume and mount with its name first, so that a
-change here shows as a change in manifests/ and nowhere else.
+The pod of every workload that runs the runner: the tasks' and the watchdog's CronJobs, the
+serve and worker Deployments (as a PodTemplateSpec, cron-runner.podTemplate) and the helm test
+Pod. What they share is written here once: the release's service account, pod and container
+security contexts and image pull secrets, service links off, /tmp and the Redis secrets mounted
+(cron-runner.volumes), runner.envFrom. A workload passes only what differs. Keys come out in one
+fixed order, and each volume and mount with its name first, so that a change here shows as a
+change in manifests/ and nowhere else.
 
-Call with a dict: "root" $, "restartPolicy", "terminationGracePeriodSeconds",
-"serviceAccountName", "automountServiceAccountToken", "securityContext" (the pod's),
-"priorityClassName", "nodeSelector", "tolerations", "affinity", "topologySpreadConstraints",
-"initContainers" and "extraContainers" (the user's own, as given), "chartInitContainers" and
-"containers" (the chart's, lists of container dicts, see cron-runner.container), "volumes".
+The bundled Redis (redis-statefulset.yaml) is another kind of pod and writes its own: another
+image and user (redis.bundled.uid), no service account, no runner environment, no /tmp sizeLimit
+or Redis secrets; it would share only service links off and the pull secrets.
+
+Call with a dict:
+  root                            $
+  container                       the runner's container, below
+  terminationGracePeriodSeconds   when the workload sets one (the test Pod does not)
+  restartPolicy                   a Job's
+  serviceAccountName              else the release's
+  automountServiceAccountToken, securityContext (the pod's)
+                                  when given, even as null; else the release's
+  priorityClassName, nodeSelector, tolerations, affinity, topologySpreadConstraints
+  initContainers, extraContainers the user's own, as given
+  chartInitContainers             the chart's, container dicts (cron-runner.container)
+  volumes                         after /tmp and the Redis secrets
+
+The runner's container is a dict for cron-runner.container with "name", "args" and "env" (the
+pod's cron-runner.env) at least. image, imagePullPolicy and command default to the release's
+image and `cron-runner`; securityContext, when not given (null is given), to the release's;
+"envFrom" goes after runner.envFrom, "volumeMounts" after /tmp and the Redis secrets.
 */}}
 {{- define "cron-runner.podSpec" -}}
+{{- $root := .root }}
+{{- $c := .container }}
+{{- $container := dict
+  "name" $c.name
+  "image" (default (include "cron-runner.image" $root) $c.image)
+  "imagePullPolicy" (default $root.Values.image.pullPolicy $c.imagePullPolicy)
+  "command" (default (list "cron-runner") $c.command)
+  "args" $c.args
+  "workingDir" $c.workingDir
+  "env" $c.env
+  "envFrom" (concat (default list $root.Values.runner.envFrom) (default list $c.envFrom))
+  "ports" $c.ports
+  "livenessProbe" $c.livenessProbe
+  "readinessProbe" $c.readinessProbe
+  "resources" $c.resources
+  "securityContext" (ternary $c.securityContext $root.Values.securityContext (hasKey $c "securityContext"))
+  "volumeMounts" (concat (include "cron-runner.volumeMounts" $root | fromYamlArray) (default list $c.volumeMounts)) }}
 {{- with .restartPolicy }}
 restartPolicy: {{ . }}
 {{- end }}
+{{- if hasKey . "terminationGracePeriodSeconds" }}
 terminationGracePeriodSeconds: {{ int64 .terminationGracePeriodSeconds }}
-serviceAccountName: {{ .serviceAccountName }}
-automountServiceAccountToken: {{ if .automountServiceAccountToken }}true{{ else }}false{{ end }}
+{{- end }}
+serviceAccountName: {{ default (include "cron-runner.serviceAccountName" $root) .serviceAccountName }}
+automountServiceAccountToken: {{ if ternary .automountServiceAccountToken $root.Values.serviceAccount.automountServiceAccountToken (hasKey . "automountServiceAccountToken") }}true{{ else }}false{{ end }}
 enableServiceLinks: false
 securityContext:
-  {{- toYaml .securityContext | nindent 2 }}
+  {{- toYaml (ternary .securityContext $root.Values.podSecurityContext (hasKey . "securityContext")) | nindent 2 }}
 {{- with .priorityClassName }}
 priorityClassName: {{ . }}
 {{- end }}
-{{- with .root.Values.imagePullSecrets }}
+{{- with $root.Values.imagePullSecrets }}
 imagePullSecrets:
   {{- toYaml . | nindent 2 }}
 {{- end }}
@@ -53,20 +91,36 @@ initContainers:
   {{- end }}
 {{- end }}
 containers:
-  {{- range .containers }}
-  {{- include "cron-runner.container" . | nindent 2 }}
-  {{- end }}
+  {{- include "cron-runner.container" $container | nindent 2 }}
   {{- with .extraContainers }}
   {{- toYaml . | nindent 2 }}
   {{- end }}
 volumes:
-  {{- include "cron-runner.namedList" .volumes | nindent 2 }}
+  {{- include "cron-runner.namedList" (concat (include "cron-runner.volumes" $root | fromYamlArray) (default list .volumes)) | trim | nindent 2 }}
+{{- end }}
+
+{{/*
+A PodTemplateSpec (a CronJob's or a Deployment's): the labels, with the workload's podLabels
+under them (the chart's win: the NetworkPolicies select on them), its podAnnotations, and the
+pod spec. Call with the dict of cron-runner.podSpec plus "labels", "podLabels", "podAnnotations".
+*/}}
+{{- define "cron-runner.podTemplate" -}}
+metadata:
+  labels:
+    {{- toYaml (merge (dict) .labels (default dict .podLabels)) | nindent 4 }}
+  {{- with .podAnnotations }}
+  annotations:
+    {{- toYaml . | nindent 4 }}
+  {{- end }}
+spec:
+  {{- include "cron-runner.podSpec" . | trim | nindent 2 }}
 {{- end }}
 
 {{/*
 One container as a list item, keys in a fixed order. A dict with "name", "image",
-"imagePullPolicy", "command", "args", "workingDir", "env", "envFrom", "resources",
-"securityContext", "volumeMounts"; empty ones are left out, but for env and securityContext.
+"imagePullPolicy", "command", "args", "workingDir", "env", "envFrom", "ports", "livenessProbe",
+"readinessProbe", "resources", "securityContext", "volumeMounts"; empty ones are left out, but
+for env (when the key is there) and securityContext.
 */}}
 {{- define "cron-runner.container" -}}
 - name: {{ .name }}
@@ -87,19 +141,17 @@ One container as a list item, keys in a fixed order. A dict with "name", "image"
   env:
     {{- toYaml .env | nindent 4 }}
   {{- end }}
-  {{- with .envFrom }}
-  envFrom:
+  {{- range $field := list "envFrom" "ports" "livenessProbe" "readinessProbe" "resources" }}
+  {{- with index $ $field }}
+  {{ $field }}:
     {{- toYaml . | nindent 4 }}
   {{- end }}
-  {{- with .resources }}
-  resources:
-    {{- toYaml . | nindent 4 }}
   {{- end }}
   securityContext:
     {{- toYaml .securityContext | nindent 4 }}
   {{- with .volumeMounts }}
   volumeMounts:
-    {{- include "cron-runner.namedList" . | nindent 4 }}
+    {{- include "cron-runner.namedList" . | trim | nindent 4 }}
   {{- end }}
 {{- end }}
 
@@ -113,66 +165,68 @@ One container as a list item, keys in a fixed order. A dict with "name", "image"
 {{- end }}
 {{- end }}
 
-{{/* A task's runner.inject: "none" (the runner image is the container) or "initContainer". */}}
-{{- define "cron-runner.inject" -}}
-{{- default "none" (default dict .runner).inject }}
+{{/* The volumes of every pod that runs the runner: /tmp, and each Redis secret (cron-runner.redis.env names the files). */}}
+{{- define "cron-runner.volumes" -}}
+{{- $tls := .Values.redis.tls }}
+- name: tmp
+  emptyDir:
+    {{- if .Values.tmp.sizeLimit }}
+    sizeLimit: {{ .Values.tmp.sizeLimit }}
+    {{- else }} {}
+    {{- end }}
+{{- $secret := include "cron-runner.redis.passwordSecret" . | fromJson }}
+{{- if $secret.name }}
+- name: redis-password
+  secret:
+    secretName: {{ $secret.name }}
+    defaultMode: 0440
+    items:
+      - key: {{ $secret.key }}
+        path: password
+{{- end }}
+{{- if and .Values.redis.sentinel.enabled .Values.redis.sentinel.existingSecret }}
+- name: redis-sentinel-password
+  secret:
+    secretName: {{ .Values.redis.sentinel.existingSecret }}
+    defaultMode: 0440
+    items:
+      - key: {{ .Values.redis.sentinel.passwordKey }}
+        path: password
+{{- end }}
+{{- if $tls.enabled }}
+- name: redis-tls
+  secret:
+    secretName: {{ $tls.existingSecret }}
+    defaultMode: 0440
+    items:
+      - key: {{ $tls.caKey }}
+        path: ca.crt
+      {{- if and $tls.certKey $tls.keyKey }}
+      - key: {{ $tls.certKey }}
+        path: tls.crt
+      - key: {{ $tls.keyKey }}
+        path: tls.key
+      {{- end }}
+{{- end }}
 {{- end }}
 
-{{/* A task's own image (its `image` map) as a reference: repository[:tag][@digest]. */}}
-{{- define "cron-runner.taskImage" -}}
-{{- .repository }}{{ with .tag }}:{{ . }}{{ end }}{{ with .digest }}@{{ . }}{{ end }}
+{{/* Where the runner's container mounts cron-runner.volumes. */}}
+{{- define "cron-runner.volumeMounts" -}}
+- name: tmp
+  mountPath: /tmp
+{{- if (include "cron-runner.redis.passwordSecret" . | fromJson).name }}
+- name: redis-password
+  mountPath: /etc/cron-runner/redis-password
+  readOnly: true
 {{- end }}
-
-{{/*
-The command a task's runner execs, as a JSON list, the way a container runtime builds one:
-`command` + `args` when the task sets a command; else the image's entrypoint + (`args`, or
-else the image's cmd). Kubernetes cannot read an image's entrypoint and cmd, so a task that
-relies on them gives them as `image.entrypoint` and `image.cmd`.
-Call with (dict "task" $task "image" $image).
-*/}}
-{{- define "cron-runner.taskCommand" -}}
-{{- if .task.command }}
-{{- concat .task.command (default list .task.args) | toJson }}
-{{- else }}
-{{- concat (default list .image.entrypoint) (default (default list .image.cmd) .task.args) | toJson }}
+{{- if and .Values.redis.sentinel.enabled .Values.redis.sentinel.existingSecret }}
+- name: redis-sentinel-password
+  mountPath: /etc/cron-runner/redis-sentinel-password
+  readOnly: true
 {{- end }}
+{{- if .Values.redis.tls.enabled }}
+- name: redis-tls
+  mountPath: /etc/cron-runner/redis-tls
+  readOnly: true
 {{- end }}
-
-{{/*
-How a task's pod and container security contexts loosen the chart's restricted defaults, as a
-JSON list of "field: value" strings; empty when they keep them. A different non-root user
-(an app image's own, such as www-data) is not a loosening.
-Call with (dict "root" $ "task" $task).
-*/}}
-{{- define "cron-runner.loosened" -}}
-{{- $pod := ternary (default dict .task.podSecurityContext) .root.Values.podSecurityContext (hasKey .task "podSecurityContext") }}
-{{- $c := ternary (default dict .task.securityContext) .root.Values.securityContext (hasKey .task "securityContext") }}
-{{- $out := list }}
-{{- if not (or (eq (toJson $pod.runAsNonRoot) "true") (eq (toJson $c.runAsNonRoot) "true")) }}
-{{- $out = append $out "runAsNonRoot is not true" }}
-{{- end }}
-{{- if or (eq (toJson $pod.runAsUser) "0") (eq (toJson $c.runAsUser) "0") }}
-{{- $out = append $out "runAsUser: 0" }}
-{{- end }}
-{{- $seccomp := default (default dict $pod.seccompProfile).type (default dict $c.seccompProfile).type }}
-{{- if not (has (toString $seccomp) (list "RuntimeDefault" "Localhost")) }}
-{{- $out = append $out (printf "seccompProfile.type: %s" (default "unset" $seccomp)) }}
-{{- end }}
-{{- if ne (toJson $c.allowPrivilegeEscalation) "false" }}
-{{- $out = append $out "securityContext.allowPrivilegeEscalation is not false" }}
-{{- end }}
-{{- if ne (toJson $c.readOnlyRootFilesystem) "true" }}
-{{- $out = append $out "securityContext.readOnlyRootFilesystem is not true" }}
-{{- end }}
-{{- if eq (toJson $c.privileged) "true" }}
-{{- $out = append $out "securityContext.privileged: true" }}
-{{- end }}
-{{- $caps := default dict $c.capabilities }}
-{{- if not (has "ALL" (default list $caps.drop)) }}
-{{- $out = append $out "securityContext.capabilities.drop lacks ALL" }}
-{{- end }}
-{{- with $caps.add }}
-{{- $out = append $out (printf "securityContext.capabilities.add: %s" (join "," .)) }}
-{{- end }}
-{{- $out | toJson }}
 {{- end }}
