@@ -30,7 +30,6 @@ class Shutdown:
 
     def __init__(self) -> None:
         self.signum: int | None = None
-        self.count = 0
         self.event = threading.Event()
 
     @property
@@ -40,7 +39,6 @@ class Shutdown:
     def request(self, signum: int = signal.SIGTERM) -> None:
         """Ask to stop as the signal ``signum`` does; the first signal is the one named."""
         self.signum = self.signum or signum
-        self.count += 1
         self.event.set()
 
     def _handle(self, signum: int, _frame: FrameType | None) -> None:

@@ -212,11 +212,6 @@ class CommandTarget:
     def supervised(self) -> CommandTarget:
         return self
 
-    @property
-    def adopting(self) -> bool:
-        """Orphans come to this process (a subreaper, or PID 1) and are the command's."""
-        return self._adopting
-
     def reap(self) -> None:
         # As PID 1 or a subreaper, exited orphans are ours to reap. While a command runs,
         # every other child is one (or the command's supervisor, which we may reap too).
