@@ -17,8 +17,9 @@ from typing import Any
 from runner.config.settings import load_settings
 from runner.keys import TaskKeys
 from runner.lease import store
-from runner.run.execution import Execution, Shutdown
+from runner.run.execution import Execution
 from runner.run.targets import CommandTarget
+from runner.signals import Shutdown
 from runner.testing import RedisServer
 
 TASK = "report"

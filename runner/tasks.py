@@ -14,7 +14,6 @@ import sys
 import threading
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
 from importlib.metadata import entry_points
 from types import ModuleType
 from typing import Any, NamedTuple
@@ -121,10 +120,6 @@ class RunContext:
     cancel_reason: str = ""
     # Queue mode: the JSON object the message carried (references, not big objects).
     payload: Mapping[str, Any] = field(default_factory=dict)
-
-    @property
-    def slot_time(self) -> datetime | None:
-        return None if self.slot is None else datetime.fromtimestamp(self.slot, UTC)
 
     def cancel(self, reason: str) -> None:
         if not self.cancelled.is_set():

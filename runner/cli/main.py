@@ -12,10 +12,10 @@ from typing import TYPE_CHECKING
 
 from runner import __version__, logs
 from runner.config.settings import Settings, load_settings, task_environment, url_has_password
-from runner.errors import EXIT_TERMINATED, EXIT_USAGE, ConfigError, CronRunnerError, UsageError
+from runner.errors import ConfigError, CronRunnerError, Terminated, UsageError
 
 if TYPE_CHECKING:
-    from runner.run.execution import RunObserver
+    from runner.run.observer import RunObserver
     from runner.run.targets import Target
 
 log = logging.getLogger("runner")
@@ -297,7 +297,8 @@ def _command_definition(argv: list[str]) -> str:
 
 def _execute(settings: Settings, task_name: str, target: Target, what: str) -> int:
     from runner.lease import store  # noqa: PLC0415
-    from runner.run.execution import Execution, Shutdown  # noqa: PLC0415
+    from runner.run.execution import Execution  # noqa: PLC0415
+    from runner.signals import Shutdown  # noqa: PLC0415
 
     shutdown = Shutdown().install()
     observer = run_observer(settings, task_name)
@@ -317,14 +318,14 @@ def run_observer(settings: Settings, task_name: str) -> RunObserver:
     observer = _telemetry_observer(settings, task_name)
     if settings.run.ping_url is None:
         return observer
-    from runner.run.execution import Observers, PingHook  # noqa: PLC0415
+    from runner.run.observer import Observers, PingHook  # noqa: PLC0415
 
     return Observers(observer, PingHook(settings.run.ping_url, settings.run.ping_timeout_s))
 
 
 def _telemetry_observer(settings: Settings, task_name: str) -> RunObserver:
     """Telemetry when an OTLP endpoint is set; otherwise nothing of OpenTelemetry is imported."""
-    from runner.run.execution import NullObserver  # noqa: PLC0415
+    from runner.run.observer import NullObserver  # noqa: PLC0415
 
     if not settings.telemetry.enabled:
         return NullObserver()
@@ -389,7 +390,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         args = parser.parse_args(args_list)
         if not getattr(args, "handler", None):
             parser.print_help(sys.stderr)
-            return EXIT_USAGE
+            return UsageError.exit_code
         flags = _flags(args)
         settings = load_settings(os.environ, flags)
         logs.setup(settings.log.format, settings.log.level)
@@ -403,6 +404,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             _hide_credentials(os.environ)
         handler: Callable[[argparse.Namespace, Settings], int] = args.handler
         return handler(args, settings)
+    # Every error ends here, with its own exit code (runner.errors): the one mapping.
     except CronRunnerError as exc:
         if not logging.getLogger().handlers:
             # Settings failed, so read the asked-for format as given: a bad cron or duration
@@ -411,4 +413,4 @@ def main(argv: Sequence[str] | None = None) -> int:
         log.error(str(exc), extra={"event": "error", "exit_code": exc.exit_code})
         return exc.exit_code
     except KeyboardInterrupt:
-        return EXIT_TERMINATED
+        return Terminated.exit_code

@@ -119,7 +119,7 @@ class _JoinQueues(argparse.Action):
 def enqueue_target(settings: Settings, spec: TaskSpec) -> Any:
     """The target of ``cron-runner run TASK`` in enqueue mode (CRON_RUNNER_MODE=enqueue)."""
     from runner.queue.producer import EnqueueTarget, load_queue_settings  # noqa: PLC0415
-    from runner.run.execution import retention_s  # noqa: PLC0415
+    from runner.schedule.slots import retention_s  # noqa: PLC0415
 
     if spec.source.startswith("reference"):
         raise ConfigError(

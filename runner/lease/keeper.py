@@ -87,12 +87,6 @@ class Keeper:
             self._declare_lost("no renewal confirmed before the local deadline")
         return self._lost.is_set()
 
-    def wait_lost(self, timeout_s: float) -> bool:
-        """Wait up to timeout_s for loss; wakes at ``lose_at`` even if the thread is stuck."""
-        until_deadline = self.lose_at - clock.monotonic()
-        self._lost.wait(max(0.0, min(timeout_s, until_deadline)))
-        return self.is_lost()
-
     def _declare_lost(self, reason: str) -> None:
         # The owner (is_lost) and the keeper thread may both see the deadline: report once.
         with self._declare_lock:

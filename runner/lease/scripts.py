@@ -406,12 +406,19 @@ class Lease:
         self._check_owner("renew", reply)
 
     def complete(
-        self, slot: int | None, record: Fields, state: Fields, marker: Fields | None = None
+        self,
+        slot: int | None,
+        record: Fields,
+        state: Fields,
+        marker: Fields | None = None,
+        *,
+        retention_ms: int | None = None,
     ) -> Finished:
         """Success: mark the slot done and only then delete the lease, recording the run.
 
         The marker always names the holder, the time and the token: acquire reads the first two,
-        and a retried complete whose first reply was lost recognises its own token.
+        and a retried complete whose first reply was lost recognises its own token. It is kept
+        ``retention_ms`` (default the lease's ``retention_ms``).
         """
         full_marker = {
             "holder": self.holder,
@@ -419,7 +426,15 @@ class Lease:
             **(marker or {}),
             "token": self.token,
         }
-        return self._finish("complete", slot, record, state, full_marker, token=self.token)
+        return self._finish(
+            "complete",
+            slot,
+            record,
+            state,
+            full_marker,
+            token=self.token,
+            retention_ms=retention_ms,
+        )
 
     def release(self, record: Fields, state: Fields) -> Finished:
         """Failure: delete the lease, write no slot marker (the retry may run it), record the run."""
@@ -443,20 +458,22 @@ class Lease:
         *,
         token: str,
         fenced: bool = True,
+        retention_ms: int | None = None,
     ) -> Finished:
+        retention_ms = self.retention_ms if retention_ms is None else retention_ms
         keys = [self.keys.lease, self.keys.runs, self.keys.state]
         if slot is not None:
             keys.append(self.keys.slot(slot))
         # The state hash takes the fence of the state written, else this lease's own.
         fence = state.get("last_fence", self.fence) if fenced else ""
-        args = [token, self.runs_maxlen, self.retention_ms, fence]
+        args = [token, self.runs_maxlen, retention_ms, fence]
         args += _flatten(record) + _flatten(state) + _flatten(marker)
         reply = SCRIPTS["finish"](self.client, keys, args)
         self._check_owner(operation, reply)
         marked, stale = _as_str(reply[1]), _as_str(reply[2]) == "1"
         if _as_str(reply[0]) == "partial":
             failed = [_as_str(x) for x in reply[3:]]
-            raise FinishIncomplete(operation, failed, marked, slot, self.retention_ms)
+            raise FinishIncomplete(operation, failed, marked, slot, retention_ms)
         # A retried complete answers without the fourth field: its first try indexed the task.
         # Only a run that writes the state hash makes the task known (not a too_late record).
         if self.indexed and state and len(reply) > 3 and not _as_str(reply[3]):

@@ -24,7 +24,6 @@ from runner.lease.scripts import Acquired, Lease, new_token
 
 OK, WARN, FAIL = "ok", "warn", "FAIL"
 PING_SAMPLES = 5
-UNREACHABLE = StoreUnavailable.exit_code
 
 _COMMAND_RE = re.compile(r"run the '([^']+)' command")
 
@@ -80,7 +79,7 @@ class Check:
             store.with_deadline(client.ping, deadline_s=deadline, what="check", where=where)
         except StoreUnavailable as exc:
             self.say(FAIL, str(exc))
-            return UNREACHABLE
+            return StoreUnavailable.exit_code
         except ConfigError as exc:
             self.say(FAIL, str(exc))
             return ConfigError.exit_code

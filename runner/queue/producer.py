@@ -33,6 +33,7 @@ from runner import clock
 from runner.config.settings import Settings, _Source, _whole_number, parse_duration
 from runner.errors import ConfigError, UnknownTask
 from runner.keys import TaskKeys
+from runner.outcomes import ENQUEUED
 from runner.run.targets import PythonTarget
 from runner.tasks import (
     QUEUE_NAME_RE,
@@ -552,7 +553,7 @@ class EnqueueTarget(PythonTarget):
     send and the marker costs a retried Job nothing: it finds the message sent and completes.
     """
 
-    outcome = "enqueued"
+    outcome = ENQUEUED
 
     def __init__(
         self, settings: Settings, queue_settings: QueueSettings, spec: TaskSpec, retention_s: float

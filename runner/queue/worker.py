@@ -29,7 +29,6 @@ import tempfile
 import threading
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from types import FrameType
 from typing import Any, NamedTuple
 
 import dramatiq
@@ -52,6 +51,7 @@ from runner.keys import TaskKeys
 from runner.lease import store
 from runner.lease.scripts import Lease
 from runner.logs import RunLogger, run_logger
+from runner.outcomes import FAILED, RAN, REQUEUED
 from runner.queue.producer import (
     DEFAULT_MAX_BACKOFF_S,
     DEFAULT_MIN_BACKOFF_S,
@@ -60,14 +60,12 @@ from runner.queue.producer import (
     make_broker,
     queue_of,
 )
+from runner.signals import STOP_SIGNALS as _STOP_SIGNALS
+from runner.signals import Shutdown as _StopFlag
 from runner.tasks import Registry, RunContext, TaskSpec, queue_options
 
 log = logging.getLogger("runner.worker")
 
-RAN = "ran"
-FAILED = "failed"
-REQUEUED = "requeued"
-_STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 # A worker process's exit codes that the pod's exit repeats (runner/errors.py).
 _PASSED_ON = (ConfigError.exit_code, StoreUnavailable.exit_code)
 # KEYS: the dead-letter hash   ARGV: id, message. Only while it is still there (not purged).
@@ -340,23 +338,6 @@ class Actors:
             ).record(record, state, fenced=False)
         except RedisError as exc:
             logger.warning(f"could not record the run: {exc}", extra={"event": "record_failed"})
-
-
-class _StopFlag:
-    """SIGTERM/SIGINT set an event; the stopping happens in ordinary code."""
-
-    def __init__(self) -> None:
-        self.event = threading.Event()
-        self.signum: int | None = None
-
-    def _handle(self, signum: int, _frame: FrameType | None) -> None:
-        self.signum = self.signum or signum
-        self.event.set()
-
-    def install(self) -> _StopFlag:
-        for sig in _STOP_SIGNALS:
-            signal.signal(sig, self._handle)
-        return self
 
 
 class Plan(NamedTuple):

@@ -5,7 +5,7 @@ failure, each with the same run id (``?rid=UUID``), so the service pairs them an
 run. A ping never changes a run's outcome: it is sent from a thread of its own, and the run
 waits for it at its end at most ``timeout_s`` (a hung or absent server costs that, no more).
 A replica that skips sends nothing. Imported only when ``CRON_RUNNER_PING_URL`` is set and the
-run gets as far as its lease or its outcome (``execution.PingHook``).
+run gets as far as its lease or its outcome (``runner.run.observer.PingHook``).
 """
 
 from __future__ import annotations

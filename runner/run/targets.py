@@ -1,6 +1,8 @@
 """What a run executes: a Python callable in a worker thread, or a command in its own process group.
 
-Both offer the same small interface to execution: start, poll, cancel (polite), kill (forced).
+Both offer the same small interface to execution (``Target``): start, poll, cancel (polite),
+kill (forced), and the outcome of a success. A command also offers ``supervised``: the run
+tells it the lease's expiry, reaps its orphans and learns what it left behind.
 """
 
 from __future__ import annotations
@@ -17,16 +19,52 @@ import sys
 import threading
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Protocol
+from typing import NamedTuple, Protocol
 
 from runner.errors import EXIT_CANNOT_EXECUTE, EXIT_NOT_FOUND, Cancelled
+from runner.outcomes import RAN
+from runner.run.process import is_init, reap_orphans
 from runner.run.supervisor import Supervisor, become_subreaper, stop_adopted
 from runner.tasks import RunContext, TaskFn
 
 log = logging.getLogger("runner")
 
 
+class LeftBehind(NamedTuple):
+    """What a command left outside its process group, which came back to the run (a subreaper)."""
+
+    stopped: tuple[int, ...] = ()  # killed at the end of the run
+    survivors: tuple[int, ...] = ()  # not confirmed stopped: the lease must expire by its TTL
+
+
+class Supervised(Protocol):
+    """A task in processes of its own (a command): the run supervises and reaps them."""
+
+    def extend(self, expires_at: float) -> None:
+        """The lease's local expiry: before the start, then after each confirmed renewal."""
+        ...
+
+    def reap(self) -> None:
+        """Collect the task's exited orphans, while it runs, when they come to this process."""
+        ...
+
+    def left_behind(self) -> LeftBehind:
+        """Once it has stopped: its descendants that had left its process group."""
+        ...
+
+
 class Target(Protocol):
+    @property
+    def outcome(self) -> str:
+        """The outcome of a success: ``ran``, or ``enqueued`` for queue mode's send."""
+        ...
+
+    @property
+    def supervised(self) -> Supervised | None:
+        """A command's processes; None for a task on a thread of this process, whose children
+        are its own (reaping them would take the exit codes of its subprocess calls)."""
+        ...
+
     def start(self, ctx: RunContext) -> None: ...
 
     def poll(self, timeout_s: float) -> bool:
@@ -47,6 +85,9 @@ class Target(Protocol):
 
 
 class PythonTarget:
+    outcome = RAN
+    supervised: Supervised | None = None
+
     def __init__(self, fn: TaskFn) -> None:
         self.fn = fn
         self._thread: threading.Thread | None = None
@@ -93,6 +134,8 @@ class PythonTarget:
 
 
 class CommandTarget:
+    outcome = RAN
+
     def __init__(self, argv: Sequence[str], *, adopt_descendants: bool = False) -> None:
         """``adopt_descendants``: this process is the runner alone (the CLI), so every other
         child it has came from the command. Never in a process with children of its own: the
@@ -166,9 +209,19 @@ class CommandTarget:
             supervisor.extend(expires_at)
 
     @property
-    def adopting(self) -> bool:
-        """Orphans come to this process (a subreaper, or PID 1) and are the command's."""
-        return self._adopting
+    def supervised(self) -> CommandTarget:
+        return self
+
+    def reap(self) -> None:
+        # As PID 1 or a subreaper, exited orphans are ours to reap. While a command runs,
+        # every other child is one (or the command's supervisor, which we may reap too).
+        if self._adopting or is_init():
+            reap_orphans(self.pid)
+
+    def left_behind(self) -> LeftBehind:
+        if not self.adopted:
+            return LeftBehind()
+        return LeftBehind(tuple(sorted(self.outside)), tuple(self.survivors))
 
     @property
     def pid(self) -> int | None:
@@ -308,19 +361,3 @@ def _die_with_parent(prctl: Callable[..., int] | None) -> Callable[[], None] | N
         prctl(pr_set_pdeathsig, signal.SIGKILL)
 
     return set_pdeathsig
-
-
-def reap_orphans(keep_pid: int | None) -> int:
-    """As PID 1, collect exited orphans that were re-parented to us. Never touches ``keep_pid``,
-    whose status belongs to its Popen."""
-    reaped = 0
-    while True:
-        try:
-            info = os.waitid(os.P_ALL, 0, os.WEXITED | os.WNOHANG | os.WNOWAIT)
-        except ChildProcessError:
-            return reaped
-        if info is None or info.si_pid == keep_pid:
-            return reaped
-        with contextlib.suppress(ChildProcessError):
-            os.waitpid(info.si_pid, 0)
-        reaped += 1

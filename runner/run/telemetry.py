@@ -104,7 +104,7 @@ def _resource() -> Resource:
 
 
 class RunTelemetry:
-    """A ``RunObserver`` (execution.py) that records spans and metrics for one run."""
+    """A ``RunObserver`` (runner.run.observer) that records spans and metrics for one run."""
 
     def __init__(self, settings: TelemetrySettings, task: str, holder: str) -> None:
         self.task = task
@@ -173,10 +173,6 @@ class RunTelemetry:
         self._lock_wait_s: float | None = None
         self._finished = False
         self._closed = False
-
-    @property
-    def exporting(self) -> bool:
-        return self._tracer_provider is not None or self._meter_provider is not None
 
     # -- RunObserver ----------------------------------------------------------------------
 

@@ -1,14 +1,17 @@
-"""Schedule slots: which scheduled fire time a run belongs to (DESIGN.md, The slot).
+"""Schedule slots: which scheduled fire time a run belongs to, and how long its slot marker is
+kept (docs/design.md, CronJob slots and The DST rule).
 
 Two sources, both pure (no Redis, no clock reads):
 
-* **Job names.** The Kubernetes CronJob controller names each Job
-  ``<cronjob>-<scheduled time in minutes since the Unix epoch>``, so a pod knows its slot exactly
-  however late it starts (:func:`slot_from_job_name`). This path never imports the schedule
-  parser (:mod:`runner.schedule.cron`): a CronJob pod starts cold every time.
+* **Job names** (:mod:`runner.schedule.jobname`). A CronJob's pod knows its slot from its Job's
+  name however late it starts. This path never imports the schedule parser
+  (:mod:`runner.schedule.cron`): a CronJob pod starts cold every time.
 * **Schedules.** Elsewhere the slot is the latest fire time at or before ``now + tolerance``
-  (:class:`Schedule`, :func:`slot_for`), in the controller's own schedule language
-  (:mod:`runner.schedule.cron`, robfig/cron v3.0.1's ParseStandard), parsed on first use.
+  (:class:`Schedule`), in the controller's own schedule language (:mod:`runner.schedule.cron`,
+  robfig/cron v3.0.1's ParseStandard), parsed on first use.
+
+:func:`resolve_slot` picks between them for a run; :func:`retention_s` is how long a slot
+marker is kept, and :func:`stale_slot_reason` refuses a CronJob slot older than that.
 
 Fire times across daylight-saving changes (docs/design.md, The DST rule)
 -------------------------------------------------------------------------
@@ -36,73 +39,20 @@ from __future__ import annotations
 
 import itertools
 import math
-import re
 import threading
 from bisect import bisect_right
 from datetime import UTC, date, datetime
 from typing import TYPE_CHECKING, Final
 
 from runner.errors import ConfigError
+from runner.schedule.jobname import cronjob_slot, utc
 
 if TYPE_CHECKING:
     from zoneinfo import ZoneInfo
 
+    from runner.config.settings import Settings
+    from runner.logs import RunLogger
     from runner.schedule.cron import CronSpec
-
-# ---------------------------------------------------------------------------------------------
-# Job names
-# ---------------------------------------------------------------------------------------------
-
-#: 2015-01-01T00:00Z in minutes. CronJobs (then ScheduledJobs) first shipped in Kubernetes 1.4,
-#: September 2016, so no controller ever named a Job for an earlier minute.
-MIN_SLOT_MINUTES: Final = 23_667_840
-#: Exclusive bound, the first 9-digit minute (2160-02-18): the controller writes 8 digits today.
-MAX_SLOT_MINUTES: Final = 100_000_000
-
-# 8 ASCII digits, no leading zero ("%d" never writes one). The prefix is greedy, so digits
-# inside the CronJob's own name ("report-v2", "backup-2") stay in the prefix. \Z, not $.
-_JOB_NAME_RE: Final = re.compile(r"(?P<cronjob>.+)-(?P<minutes>[1-9][0-9]{7})\Z", re.ASCII)
-
-
-def slot_from_job_name(job_name: str, cronjob_name: str | None) -> int | None:
-    """The slot (epoch seconds) encoded in a CronJob's Job name, or ``None`` for a manual run.
-
-    The name must be ``<cronjob>-<minutes>``, where ``<minutes>`` is a plausible minute since
-    the Unix epoch as the controller writes it: exactly 8 ASCII digits, no leading zero, and a
-    value from 2015-01-01 (:data:`MIN_SLOT_MINUTES`) up to February 2160
-    (:data:`MAX_SLOT_MINUTES`, where a ninth digit appears). That rule is what tells a
-    controller's name from the names people and tools give manual Jobs:
-
-    * short numbers (``backup-2``, ``job-42``) and 5-character generated suffixes are too short;
-    * epoch seconds (``x-1767225600``, 10 digits) and ``date +%Y%m%d%H%M`` stamps are too long;
-    * ``date +%Y%m%d`` (``x-20260115``) has 8 digits but reads as a minute in 2008, before any
-      CronJob existed;
-    * ``x-manual``, ``x-abc`` or a hash with letters do not parse at all.
-
-    When ``cronjob_name`` is given (``CRON_RUNNER_CRONJOB_NAME``), everything before the last
-    ``-`` must equal it exactly; a Job created by hand as ``kubectl create job --from=cronjob/x
-    y-29500000`` is then a manual run too. When it is ``None`` or empty, any non-empty prefix is
-    accepted.
-    """
-    match = _JOB_NAME_RE.fullmatch(job_name)
-    if match is None:
-        return None
-    if cronjob_name and match["cronjob"] != cronjob_name:
-        return None
-    minutes = int(match["minutes"])
-    if minutes < MIN_SLOT_MINUTES:
-        return None
-    return minutes * 60
-
-
-def job_name_for(cronjob_name: str, slot_s: int) -> str:
-    """The name the CronJob controller gives the Job of ``slot_s`` (the inverse of the parser)."""
-    if not cronjob_name:
-        raise ValueError("a CronJob name is required")
-    if slot_s % 60:
-        raise ValueError(f"slot {slot_s} is not a whole minute: the controller names minutes")
-    return f"{cronjob_name}-{slot_s // 60}"
-
 
 # ---------------------------------------------------------------------------------------------
 # Schedules
@@ -496,6 +446,86 @@ class Schedule:
         return gaps
 
 
-def slot_for(schedule: str, tz: str, now_s: float, tolerance_s: float) -> int:
-    """The slot of ``schedule`` in ``tz`` at ``now_s``; see :meth:`Schedule.slot_for`."""
-    return Schedule.parse(schedule, tz, tolerance_s).slot_for(now_s)
+# ---------------------------------------------------------------------------------------------
+# A run's slot, and how long its marker is kept
+# ---------------------------------------------------------------------------------------------
+
+ONE_HOUR_S: Final = 3600.0
+#: The marker retention when the schedule cannot be read (only ever with a Job name).
+FALLBACK_RETENTION_S: Final = 7 * 24 * ONE_HOUR_S
+
+
+def resolve_slot(settings: Settings, now_s: float) -> int | None:
+    """The run's slot: the CronJob's (Job name, scheduled-timestamp annotation), else the
+    schedule's at ``now_s``, else None (a manual run). A CronJob slot later than now plus the
+    skew tolerance is refused: running it would mark a slot done before its time."""
+    s = settings.slots
+    if s.job_name or s.scheduled_at_s is not None:
+        slot = cronjob_slot(s.job_name, s.cronjob_name, s.scheduled_at_s)
+        if slot is not None and slot > now_s + s.skew_tolerance_s:
+            raise ConfigError(
+                f"{_slot_origin(s.job_name, s.scheduled_at_s)} names the slot {utc(slot)}, "
+                f"later than now ({utc(now_s)}) plus the skew tolerance "
+                f"({s.skew_tolerance_s:g}s): not run, nothing written. Expected the CronJob "
+                "controller's Job name <cronjob>-<scheduled minute since the epoch>"
+            )
+        return slot
+    if s.schedule:
+        return Schedule.parse(s.schedule, s.timezone, s.skew_tolerance_s).slot_for(now_s)
+    return None
+
+
+def _slot_origin(job_name: str | None, scheduled_at_s: float | None) -> str:
+    if job_name:
+        return f"CRON_RUNNER_JOB_NAME={job_name!r}"
+    return f"CRON_RUNNER_SCHEDULED_TIMESTAMP ({utc(scheduled_at_s or 0.0)})"
+
+
+def stale_slot_reason(settings: Settings, slot: int | None, now_s: float) -> str | None:
+    """Why a CronJob slot is too old to run, or None. Past its marker's retention, the marker
+    of a run that did happen may have expired: the slot cannot be proven unrun."""
+    s = settings.slots
+    if slot is None or not (s.job_name or s.scheduled_at_s is not None):
+        return None
+    age_s = now_s - slot
+    explicit = settings.lease.slot_retention_s
+    # A computed retention is never below an hour: younger slots need no schedule parsing,
+    # so a CronJob pod's start stays free of the schedule machinery.
+    if age_s <= (explicit if explicit is not None else ONE_HOUR_S):
+        return None
+    keep_s = retention_s(settings)
+    if age_s <= keep_s:
+        return None
+    return (
+        f"slot {utc(slot)} is {age_s:.0f}s old, older than its marker's retention "
+        f"({keep_s:g}s): a run of it may have happened and its marker expired, so it is not run"
+    )
+
+
+def retention_s(settings: Settings, log: RunLogger | None = None) -> float:
+    """How long a slot marker is kept: CRON_RUNNER_SLOT_RETENTION, else the schedule's
+    (twice its longest gap, at least an hour), else a day for a Job-name slot without one."""
+    if settings.lease.slot_retention_s is not None:
+        return settings.lease.slot_retention_s
+    s = settings.slots
+    if s.schedule:
+        # With a Job name the tolerance plays no part (and was not checked at start).
+        tolerance_s = 0.0 if s.job_name else s.skew_tolerance_s
+        try:
+            return Schedule.parse(s.schedule, s.timezone, tolerance_s).retention_s
+        except ConfigError as exc:
+            # Only with a Job name (else the schedule was checked at start). Kubernetes'
+            # `@every 1h` has no slots we can compute, but a delay: twice it, as for a gap.
+            every_s = every_retention_s(s.schedule)
+            if every_s is not None:
+                return every_s
+            # Anything else the runner cannot read: the task has run, so keep the marker long
+            # rather than fail the run and leave its lease to expire.
+            if log is not None:
+                log.warning(
+                    f"CRON_RUNNER_SCHEDULE: {exc}; slot markers are kept {FALLBACK_RETENTION_S:g}s",
+                    extra={"event": "retention_fallback"},
+                )
+            return FALLBACK_RETENTION_S
+    # A Job-name slot without a schedule: a day covers any CronJob retry window.
+    return 24 * ONE_HOUR_S

@@ -26,7 +26,7 @@ from runner.queue.producer import (
     load_queue_settings,
     message_options,
 )
-from runner.run.execution import resolve_slot, retention_s, stale_slot_reason
+from runner.schedule.slots import resolve_slot, retention_s, stale_slot_reason
 from runner.tasks import Registry, RunContext, task
 from tests.fault.conftest import Figure
 from tests.helpers.proc import CRON_RUNNER, runner_env

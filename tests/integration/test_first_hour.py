@@ -109,8 +109,9 @@ def test_the_history_length_caps_each_task_s_run_stream(redis_server: RedisServe
     from runner.config.settings import load_settings  # noqa: PLC0415
     from runner.keys import TaskKeys  # noqa: PLC0415
     from runner.lease import store  # noqa: PLC0415
-    from runner.run.execution import Execution, Shutdown  # noqa: PLC0415
+    from runner.run.execution import Execution  # noqa: PLC0415
     from runner.run.targets import CommandTarget  # noqa: PLC0415
+    from runner.signals import Shutdown  # noqa: PLC0415
 
     settings = load_settings(
         {"CRON_RUNNER_REDIS_URL": redis_server.url, "CRON_RUNNER_HISTORY_LENGTH": "100"}

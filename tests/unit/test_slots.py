@@ -26,16 +26,8 @@ from hypothesis import strategies as st
 
 from runner.errors import ConfigError
 from runner.schedule import slots
-from runner.schedule.slots import (
-    CRON_FORM,
-    MAX_SLOT_MINUTES,
-    MIN_SLOT_MINUTES,
-    TZ_FORM,
-    Schedule,
-    job_name_for,
-    slot_for,
-    slot_from_job_name,
-)
+from runner.schedule.jobname import MAX_SLOT_MINUTES, MIN_SLOT_MINUTES, slot_from_job_name
+from runner.schedule.slots import CRON_FORM, TZ_FORM, Schedule
 
 DAY_S = 86_400
 MINUTE_2026 = 29_579_100  # 2026-03-29T01:00Z, the minute Europe/Berlin moves to summer time
@@ -43,6 +35,15 @@ MINUTE_2026 = 29_579_100  # 2026-03-29T01:00Z, the minute Europe/Berlin moves to
 
 def at(iso: str) -> float:
     return datetime.fromisoformat(iso).timestamp()
+
+
+def job_name_for(cronjob_name: str, slot_s: int) -> str:
+    """The name the CronJob controller gives the Job of ``slot_s`` (the inverse of the parser)."""
+    if not cronjob_name:
+        raise ValueError("a CronJob name is required")
+    if slot_s % 60:
+        raise ValueError(f"slot {slot_s} is not a whole minute: the controller names minutes")
+    return f"{cronjob_name}-{slot_s // 60}"
 
 
 # ---------------------------------------------------------------------------------------------
@@ -163,8 +164,8 @@ def test_any_job_name_parses_or_is_manual(job_name: str, cronjob_name: str | Non
 
 def test_the_job_name_path_does_not_import_the_schedule_machinery() -> None:
     code = (
-        "import sys, runner.schedule.slots as s\n"
-        "assert s.slot_from_job_name('report-29579100', 'report') == 29579100 * 60\n"
+        "import sys, runner.schedule.jobname as j, runner.schedule.slots as s\n"
+        "assert j.slot_from_job_name('report-29579100', 'report') == 29579100 * 60\n"
         "loaded = [m for m in ('croniter', 'runner.schedule.cron') if m in sys.modules]\n"
         "assert not loaded, f'imported by the Job-name path: {loaded}'\n"
         "s.Schedule.parse('*/5 * * * *')\n"
@@ -576,7 +577,6 @@ TICK = 2.0**-10  # exactly representable, so now + tolerance is exact
 )  # fmt: skip
 def test_slot_for(expr: str, tz: str, tolerance_s: float, now: str, slot: str) -> None:
     assert Schedule.parse(expr, tz, tolerance_s).slot_for(at(now)) == at(slot)
-    assert slot_for(expr, tz, at(now), tolerance_s) == at(slot)
 
 
 # robfig/cron v3's DST table (spec_test.go), which the Kubernetes CronJob controller follows.

@@ -1,0 +1,199 @@
+"""What a run does when it may not simply run its slot (docs/design.md, Decisions inside the
+lease): the slot is too old to prove unrun, the run starts past its slot's starting deadline,
+or the lease is held.
+
+Execution (runner.run.execution) asks at three points of its phases and acts on the answer:
+
+* ``before_connect``: a CronJob slot older than its marker's retention: skipped_stale.
+* ``before_acquire``: a schedule's slot started past its starting deadline: too_late.
+* ``decide``: the acquire script's reply: Acquired (run it), or a Skip. A run of this very
+  slot that holds the lease is waited for first: it finishes (skipped_done), renews
+  (skipped_held, 0: it is running), vanishes without marking the slot (taken over: Acquired),
+  or none of these within the held wait (skipped_held, 75).
+
+Everything a policy of the lease decides (what to do when held, late or paused) is answered
+here, with what the lease scripts reply; execution keeps only the phases.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Final, NamedTuple
+
+from runner import clock
+from runner.config.settings import Settings
+from runner.errors import EXIT_LEASE_LOST, EXIT_OK, Terminated
+from runner.lease.scripts import Acquired, AcquireResult, Held, SlotDone
+from runner.logs import RunLogger
+from runner.outcomes import SKIPPED_DONE, SKIPPED_HELD, SKIPPED_STALE, TOO_LATE, exit_code
+from runner.schedule.jobname import utc
+from runner.schedule.slots import stale_slot_reason
+
+TICK_S: Final = 0.05
+
+# What the run stream gets for a skip. A skip takes no fence, so the state hash, which is the
+# runs', is never written.
+UNRECORDED: Final = ""  # another runner has the slot (running it, or done): it records
+RECORDED: Final = "recorded"  # the run stream, with the slot
+# The run stream without the slot: status and the watchdog go on from the last plausible run
+# (and so report this slot as missed).
+RECORDED_WITHOUT_SLOT: Final = "recorded_without_slot"
+
+
+class Skip(NamedTuple):
+    """Do not run the slot here."""
+
+    outcome: str
+    exit_code: int
+    reason: str
+    journal: str = UNRECORDED
+    # The policy said why in its own 'skipped' line: no 'finished' line follows.
+    logged: bool = False
+
+
+class HolderAlive(NamedTuple):
+    """A run of the same slot holds the lease and was seen renewing it: it is running."""
+
+    held: Held
+
+
+class HolderUnconfirmed(NamedTuple):
+    """A run of the same slot holds the lease, neither renewed nor gone within the wait."""
+
+    held: Held
+
+
+class Policy:
+    """The decisions of one task's runs, from its settings. ``log`` is the run's logger."""
+
+    def __init__(self, settings: Settings, log: RunLogger) -> None:
+        self.settings = settings
+        self.log = log
+
+    # -- before connecting ----------------------------------------------------------------
+
+    def before_connect(self, slot: int | None, now_s: float) -> Skip | None:
+        """A CronJob slot too old to run: past its marker's retention it cannot be proven unrun."""
+        reason = stale_slot_reason(self.settings, slot, now_s)
+        if reason is None:
+            return None
+        return Skip(SKIPPED_STALE, exit_code(SKIPPED_STALE), reason, RECORDED_WITHOUT_SLOT)
+
+    # -- before acquiring -----------------------------------------------------------------
+
+    def before_acquire(self, slot: int | None, started_s: float) -> Skip | None:
+        """A schedule's slot started past its starting deadline is not run.
+
+        Only without a Job name: a CronJob pod's lateness is bounded by the controller's own
+        startingDeadlineSeconds. A crontab line whose schedule or zone disagrees with the
+        fleet's, or a timer catching up, computes a slot hours old: it must not run it.
+        """
+        s = self.settings.slots
+        if s.job_name or s.scheduled_at_s is not None or not s.schedule or slot is None:
+            return None
+        late_s = started_s - slot
+        if late_s <= s.starting_deadline_s:
+            return None
+        reason = (
+            f"started {late_s:.0f}s after its slot, past the starting deadline of "
+            f"{s.starting_deadline_s:g}s (CRON_RUNNER_STARTING_DEADLINE): not run. If cron "
+            f"fired it on time, its schedule is read in another time zone than {s.timezone}: "
+            "a crontab fires in the server's local time, so give that zone with --timezone "
+            "(CRON_RUNNER_TIMEZONE)"
+        )
+        return Skip(TOO_LATE, exit_code(TOO_LATE), reason, RECORDED)
+
+    # -- the acquire script's reply -------------------------------------------------------
+
+    def decide(
+        self,
+        reply: AcquireResult,
+        slot: int | None,
+        look: Callable[[], AcquireResult],
+        stopping: Callable[[], bool],
+    ) -> Acquired | Skip:
+        """Run (Acquired) or skip. ``look`` runs the acquire script again (one round trip);
+        ``stopping`` says a stop was requested, which ends a wait with Terminated."""
+        got: AcquireResult | HolderAlive | HolderUnconfirmed = reply
+        if isinstance(reply, Held) and slot is not None and reply.slot == slot:
+            got = self._wait_for_holder(reply, slot, look, stopping)
+        if isinstance(got, Acquired):
+            return got
+        return self._skipped(got)
+
+    def _wait_for_holder(
+        self,
+        held: Held,
+        slot: int,
+        look: Callable[[], AcquireResult],
+        stopping: Callable[[], bool],
+    ) -> AcquireResult | HolderAlive | HolderUnconfirmed:
+        """Wait for a holder of this very slot to finish (skip: done), renew (skip: it runs,
+        and its own Job retries if it dies later) or vanish without a marker (take over).
+
+        Skipping at once would lose the slot when that holder was killed: its lease stays
+        until the TTL, and a retry that finds it would exit 0 with nothing run (issue 11).
+        Each look is the acquire script again, one round trip.
+        """
+        wait_s = self.settings.lease.held_wait
+        until = clock.monotonic() + wait_s
+        poll_s = max(TICK_S, min(1.0, self.settings.lease.ttl_s / 12))
+        self.log.info(
+            f"waiting: a run of this slot holds the lease; waiting up to {wait_s:g}s for it to "
+            "finish, renew or expire (CRON_RUNNER_HELD_WAIT)",
+            extra={"event": "waiting", "run_holder": held.holder, "ttl_ms": held.ttl_ms},
+        )
+        seen = held
+        while True:
+            next_look = clock.monotonic() + poll_s
+            while clock.monotonic() < next_look:
+                if stopping():
+                    raise Terminated("stopped while waiting for the slot's holder")
+                time.sleep(TICK_S)
+            if clock.monotonic() >= until:
+                return HolderUnconfirmed(seen)
+            got = look()
+            if not isinstance(got, Held):
+                return got  # taken over (the holder is gone, no marker), or done
+            if got.slot != slot:
+                return got  # another slot's run: ours is not running, and cannot now
+            if got.token == seen.token and got.ttl_ms > seen.ttl_ms:
+                return HolderAlive(got)  # renewed since the last look: it is running
+            seen = got  # the same holder running down, or a new holder of this slot
+
+    def _skipped(self, got: Held | SlotDone | HolderAlive | HolderUnconfirmed) -> Skip:
+        if isinstance(got, HolderUnconfirmed):
+            reason = (
+                f"a run of this slot by {got.held.holder} holds the lease and neither renewed nor "
+                f"released it within {self.settings.lease.held_wait:g}s (CRON_RUNNER_HELD_WAIT): "
+                "not run, and not reported done"
+            )
+            self.log.warning(
+                reason,
+                extra={"event": "skipped", "outcome": SKIPPED_HELD,
+                       "exit_code": EXIT_LEASE_LOST, "run_holder": got.held.holder},
+            )  # fmt: skip
+            return Skip(SKIPPED_HELD, EXIT_LEASE_LOST, reason, logged=True)
+        if isinstance(got, HolderAlive):
+            self.log.info(
+                "skipped: a run of this slot holds the lease and renews it",
+                extra={"event": "skipped", "outcome": SKIPPED_HELD, "exit_code": EXIT_OK,
+                       "run_holder": got.held.holder, "ttl_ms": got.held.ttl_ms},
+            )  # fmt: skip
+            return Skip(SKIPPED_HELD, EXIT_OK, f"running at {got.held.holder}", logged=True)
+        if isinstance(got, Held):
+            self.log.info(
+                "skipped: another holder has the lease",
+                extra={"event": "skipped", "outcome": SKIPPED_HELD, "exit_code": EXIT_OK,
+                       "run_holder": got.holder, "ttl_ms": got.ttl_ms},
+            )  # fmt: skip
+            return Skip(SKIPPED_HELD, EXIT_OK, f"held by {got.holder}", logged=True)
+        finished = utc(got.finished_at) if got.finished_at else "unknown"
+        code = exit_code(SKIPPED_DONE)
+        self.log.info(
+            "skipped: this slot already ran",
+            extra={"event": "skipped", "outcome": SKIPPED_DONE, "exit_code": code,
+                   "run_holder": got.holder, "finished_at": finished},
+        )  # fmt: skip
+        return Skip(SKIPPED_DONE, code, f"slot done by {got.holder} at {finished}", logged=True)
