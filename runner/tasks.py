@@ -18,13 +18,14 @@ from importlib.metadata import entry_points
 from types import ModuleType
 from typing import Any, NamedTuple
 
-from runner.config.settings import parse_duration
+from runner.config.settings import OVERLAPS, parse_duration
 from runner.errors import Cancelled, ConfigError, UnknownTask
 from runner.keys import validate_name
 
 ENTRY_POINT_GROUP = "cron_runner.tasks"
 _MARK = "__cron_runner_task__"
 _QUEUE_MARK = "__cron_runner_queue__"
+_RUN_MARK = "__cron_runner_run__"
 # Dramatiq's rule for queue names; the default queue is the task's own name.
 QUEUE_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9._-]{0,62}\Z")
 
@@ -46,6 +47,15 @@ class QueueOptions(NamedTuple):
     time_limit_s: float | None = None
 
 
+class RunOptions(NamedTuple):
+    """How the task's runs share the lease, given to ``@task``: the defaults of settings that a
+    flag or a ``CRON_RUNNER_*`` variable (the chart's per-task values) still overrides.
+    ``None``: not given."""
+
+    overlap: str | None = None
+    overlap_wait_s: float | None = None
+
+
 def _seconds(what: str, value: Duration | None) -> float | None:
     if value is None:
         return None
@@ -63,6 +73,8 @@ def task(
     min_backoff: Duration | None = None,
     max_backoff: Duration | None = None,
     time_limit: Duration | None = None,
+    overlap: str | None = None,
+    overlap_wait: Duration | None = None,
 ) -> Callable[[TaskFn], TaskFn]:
     """Register ``fn(ctx: RunContext) -> None`` under ``name``.
 
@@ -70,6 +82,11 @@ def task(
     the task name), how often a failed run is retried (``retries``) with exponential backoff
     and jitter between ``min_backoff`` and ``max_backoff``, and the worker's ``time_limit``
     for one run. Durations are seconds or strings such as ``'30s'``, ``'5m'``.
+
+    ``overlap`` is what a run does when an earlier slot still holds the lease (skip,
+    buffer-one, replace, allow-other-slots; docs/design.md, Overlap policies), and
+    ``overlap_wait`` how long buffer-one and replace wait; CRON_RUNNER_OVERLAP and
+    CRON_RUNNER_OVERLAP_WAIT (or --overlap, --overlap-wait) win over them.
     """
     validate_name("task name", name)
     if queue is not None and not QUEUE_NAME_RE.match(queue):
@@ -89,10 +106,16 @@ def task(
     low, high = options.min_backoff_s, options.max_backoff_s
     if low is not None and high is not None and low > high:
         raise ConfigError(f"task {name!r}: min_backoff is above max_backoff")
+    if overlap is not None and overlap not in OVERLAPS:
+        raise ConfigError(
+            f"task {name!r}: overlap={overlap!r} is not valid: expected one of {', '.join(OVERLAPS)}"
+        )
+    run = RunOptions(overlap, _seconds(f"task {name!r}: overlap_wait", overlap_wait))
 
     def mark(fn: TaskFn) -> TaskFn:
         setattr(fn, _MARK, name)
         setattr(fn, _QUEUE_MARK, options)
+        setattr(fn, _RUN_MARK, run)
         return fn
 
     return mark
@@ -102,6 +125,12 @@ def queue_options(fn: TaskFn) -> QueueOptions:
     """The queue options given to ``@task``, or the defaults for an undecorated function."""
     options = getattr(fn, _QUEUE_MARK, None)
     return options if isinstance(options, QueueOptions) else QueueOptions()
+
+
+def run_options(fn: TaskFn) -> RunOptions:
+    """The run options given to ``@task``, or none for an undecorated function."""
+    options = getattr(fn, _RUN_MARK, None)
+    return options if isinstance(options, RunOptions) else RunOptions()
 
 
 @dataclass

@@ -17,6 +17,7 @@ from runner.errors import ConfigError, CronRunnerError, Terminated, UsageError
 if TYPE_CHECKING:
     from runner.run.observer import RunObserver
     from runner.run.targets import Target
+    from runner.tasks import RunOptions
 
 log = logging.getLogger("runner")
 
@@ -54,6 +55,10 @@ ENVIRONMENT = """environment (flags win over variables):
                                  too_late and does not run (default 300s)
   CRON_RUNNER_HELD_WAIT          a run of the same slot holds the lease: wait this long for it to
                                  finish, renew or expire (default the TTL + 10s)
+  CRON_RUNNER_OVERLAP            an earlier slot still holds the lease: skip (default), buffer-one
+                                 (wait, run next), replace (stop it, run), allow-other-slots
+  CRON_RUNNER_OVERLAP_WAIT       buffer-one's and replace's wait (default: the schedule's shortest
+                                 gap; replace: the TTL + shutdown grace + 10s)
   CRON_RUNNER_REDEFINE           true: replace the task's stored definition (schedule, zone,
                                  command) with this one, on purpose; otherwise a conflict exits 78
   CRON_RUNNER_SHUTDOWN_GRACE     after SIGTERM, wait this long before killing the task (default 25s)
@@ -86,9 +91,12 @@ SETTING_FLAGS = {
     "LOG_FORMAT": "json or text",
     "LOG_LEVEL": "debug, info, warning or error",
     "MODE": "run (run the task here) or enqueue (send one message per slot to the workers)",
+    "OVERLAP": "when an earlier slot still holds the lease: skip (default), buffer-one, "
+    "replace or allow-other-slots",
+    "OVERLAP_WAIT": "how long buffer-one and replace wait for the holder",
 }
 RUN_FLAGS = ("LEASE_TTL", "CONNECT_TIMEOUT", "SCHEDULE", "TIMEZONE", "SKEW_TOLERANCE",
-             "SHUTDOWN_GRACE", "HOLDER")  # fmt: skip
+             "SHUTDOWN_GRACE", "HOLDER", "OVERLAP", "OVERLAP_WAIT")  # fmt: skip
 COMMON_FLAGS = ("REDIS_URL", "SCOPE", "LOG_FORMAT", "LOG_LEVEL")
 
 
@@ -257,16 +265,30 @@ def cmd_import(args: argparse.Namespace, settings: Settings) -> int:
 def cmd_run(args: argparse.Namespace, settings: Settings) -> int:
     from runner.keys import validate_name  # noqa: PLC0415
     from runner.run.targets import PythonTarget  # noqa: PLC0415
-    from runner.tasks import Registry  # noqa: PLC0415
+    from runner.tasks import Registry, run_options  # noqa: PLC0415
 
     spec = Registry.discover(settings.run.task_modules).resolve(args.task)
     name = args.name or spec.name
     validate_name("--name", name)
+    settings = with_task_options(settings, run_options(spec.fn))
     if settings.run.mode == "enqueue":
         from runner.cli.queue import enqueue_target  # noqa: PLC0415 - queue mode only
 
         return _execute(settings, name, enqueue_target(settings, spec), f"enqueue {spec.name}")
     return _execute(settings, name, PythonTarget(spec.fn), f"run {spec.name}")
+
+
+def with_task_options(settings: Settings, options: RunOptions) -> Settings:
+    """The task's own ``@task`` run options, where no flag or variable set them."""
+    lease = settings.lease
+    return settings._replace(
+        lease=lease._replace(
+            overlap=lease.overlap or options.overlap,
+            overlap_wait_s=lease.overlap_wait_s
+            if lease.overlap_wait_s is not None
+            else options.overlap_wait_s,
+        )
+    )
 
 
 def cmd_exec(args: argparse.Namespace, settings: Settings) -> int:

@@ -27,6 +27,13 @@ DURATION_FORM = "a number of seconds or a number with a unit: '30', '30s', '1m',
 _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"0", "false", "no", "off", ""}
 _SECRETS = frozenset({"password", "sentinel_password"})
+# The overlap policies: what a run does when an earlier slot still holds the lease
+# (docs/design.md, Overlap policies). The lease scripts speak them (runner.lease.scripts).
+SKIP = "skip"
+BUFFER_ONE = "buffer-one"
+REPLACE = "replace"
+ALLOW_OTHER_SLOTS = "allow-other-slots"
+OVERLAPS = (SKIP, BUFFER_ONE, REPLACE, ALLOW_OTHER_SLOTS)
 # The runner's own credentials: removed from the task's environment (task_environment).
 CREDENTIAL_VARIABLES = tuple(
     ENV_PREFIX + name
@@ -97,10 +104,18 @@ class LeaseSettings(NamedTuple):
     held_wait_s: float | None = None
     # Replace the task's stored definition with this runner's (a change made on purpose).
     redefine: bool = False
+    # The overlap policy (OVERLAPS); None: not set here, so the task's @task(overlap=), or skip.
+    overlap: str | None = None
+    # How long buffer-one and replace wait for the holder; None: their defaults (run.policy).
+    overlap_wait_s: float | None = None
 
     @property
     def held_wait(self) -> float:
         return self.held_wait_s if self.held_wait_s is not None else self.ttl_s + 10.0
+
+    @property
+    def overlap_policy(self) -> str:
+        return self.overlap or SKIP
 
     # Runs kept in a task's history stream (about 100 bytes each: docs/operating.md, Sizing).
     history_length: int = 1000
@@ -531,6 +546,10 @@ def _lease(src: _Source) -> LeaseSettings:
         ),
         redefine=src.boolean("REDEFINE", False),
         history_length=int(history_raw or DEFAULTS.lease.history_length),
+        overlap=src.choice("OVERLAP", "", OVERLAPS) or None,
+        overlap_wait_s=(
+            src.duration("OVERLAP_WAIT", 0.0) if src.get("OVERLAP_WAIT")[0] is not None else None
+        ),
     )
 
 

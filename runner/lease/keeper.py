@@ -11,6 +11,10 @@ confirmed renewal was *sent* (Redis set its expiry no earlier than that):
 The owner does not trust the thread alone: ``is_lost()`` also compares the clock with
 ``lose_at``, so a keeper blocked on a dead socket, or a process resumed after SIGSTOP,
 cannot let the task carry on past its deadline.
+
+Under overlap replace a renewal may answer that a run of a newer slot asks for the lease
+(``Preempted``): the lease was renewed all the same, so the keeper goes on renewing while the
+owner stops the task, and ``preempted`` says who asked (docs/design.md, Overlap policies).
 """
 
 from __future__ import annotations
@@ -22,7 +26,7 @@ from collections.abc import Callable
 from redis.exceptions import RedisError
 
 from runner import clock
-from runner.errors import LeaseNotOwned
+from runner.errors import LeaseNotOwned, Preempted
 from runner.lease.scripts import Lease
 
 log = logging.getLogger("runner.keeper")
@@ -60,6 +64,7 @@ class Keeper:
         self._lost = threading.Event()
         self._declare_lock = threading.Lock()
         self.lost_reason: str | None = None
+        self.preempted: Preempted | None = None
         self.renewals = 0
         self.failed_renewals = 0
         self._thread = threading.Thread(target=self._run, name="lease-keeper", daemon=True)
@@ -116,6 +121,10 @@ class Keeper:
             sent_at = clock.monotonic()
             try:
                 self.lease.renew()
+            except Preempted as exc:
+                if self.preempted is None:
+                    self.preempted = exc
+                    self.log.warning(str(exc), extra={"event": "preempted"})
             except LeaseNotOwned as exc:
                 self.failed_renewals += 1
                 self._declare_lost(str(exc))

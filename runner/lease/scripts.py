@@ -16,6 +16,7 @@ from typing import Any, Protocol
 from redis.exceptions import NoScriptError, RedisError
 
 from runner import clock
+from runner.config.settings import ALLOW_OTHER_SLOTS, BUFFER_ONE, OVERLAPS, REPLACE, SKIP
 from runner.errors import (
     DefinitionConflict,
     FinishIncomplete,
@@ -40,11 +41,6 @@ PROTOCOL_MIN = 1
 PROTOCOL_MIN_OVERLAP = 3
 
 # The overlap policies (docs/design.md, Overlap policies), by the names the scripts use.
-SKIP = "skip"
-BUFFER_ONE = "buffer-one"
-REPLACE = "replace"
-ALLOW_OTHER_SLOTS = "allow-other-slots"
-OVERLAPS = (SKIP, BUFFER_ONE, REPLACE, ALLOW_OTHER_SLOTS)
 _WIRE = {SKIP: "", BUFFER_ONE: "buffer", REPLACE: "replace", ALLOW_OTHER_SLOTS: "slots"}
 
 # Why a held reply did not give the lease (Held.note).
@@ -754,13 +750,16 @@ class Lease:
         *,
         retention_ms: int | None = None,
         keep_lease: bool = False,
+        success: bool = True,
     ) -> Finished:
         """Success: mark the slot done and only then delete the lease, recording the run.
 
         The marker always names the holder, the time and the token: acquire reads the first two,
         and a retried complete whose first reply was lost recognises its own token. It is kept
         ``retention_ms`` (default the lease's ``retention_ms``). ``keep_lease``: mark a slot
-        (one caught up) and keep the lease, for the run goes on.
+        (one caught up) and keep the lease, for the run goes on. ``success=False``: a slot done
+        without the task's success (replaced), which neither counts as a failure nor ends a
+        count of them.
         """
         full_marker = {
             "holder": self.holder,
@@ -777,7 +776,7 @@ class Lease:
             token=self.token,
             retention_ms=retention_ms,
             keep=keep_lease,
-            failures="reset",
+            failures="reset" if success else "",
         )
 
     def release(self, record: Fields, state: Fields, *, failure: bool = False) -> Finished:

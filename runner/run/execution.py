@@ -1,8 +1,8 @@
 """One run, in phases: slot -> connect -> acquire -> decide -> keeper + task -> settle ->
-record (docs/design.md, Decisions inside the lease).
+record (docs/design.md, Decisions inside the lease, and Overlap policies).
 
-What a run does when it may not simply run its slot (held, late, stale) is decided in
-runner.run.policy; the slot and its marker's retention come from runner.schedule.slots. All
+What a run does when it may not simply run its slot (held, late, stale, paused, and the overlap
+policies' waits) is decided in runner.run.policy; the slot and its marker's retention come from runner.schedule.slots. All
 stopping logic lives here, in ordinary code: a stop signal only sets the flag (runner.signals).
 """
 
@@ -16,7 +16,7 @@ from typing import Any, NamedTuple, NoReturn
 from redis.exceptions import RedisError
 
 from runner import clock
-from runner.config.settings import Settings
+from runner.config.settings import REPLACE, SKIP, Settings
 from runner.errors import (
     EXIT_TASK_FAILED,
     CronRunnerError,
@@ -41,13 +41,14 @@ from runner.outcomes import (
     FAILED,
     LEASE_LOST,
     RAN,
+    REPLACED,
     TERMINATED,
     TOO_LATE,
     UNAVAILABLE,
     exit_code,
 )
 from runner.run.observer import NullObserver, RunObserver
-from runner.run.policy import RECORDED, RECORDED_WITHOUT_SLOT, Policy, Skip
+from runner.run.policy import RECORDED, RECORDED_WITHOUT_SLOT, Policy, Skip, overlap_wait_s
 from runner.run.process import exit_now, reap_after_task
 from runner.run.targets import LeftBehind, Target
 from runner.schedule.slots import resolve_slot, retention_s
@@ -55,6 +56,12 @@ from runner.signals import Shutdown
 from runner.tasks import RunContext
 
 TICK_S = 0.05
+# What a task is told when it is asked to stop (RunContext.cancel_reason).
+_CANCEL_REASONS = {
+    LEASE_LOST: "lease lost",
+    TERMINATED: "shutdown requested",
+    REPLACED: "replaced by a run of a newer slot",
+}
 
 
 def definition_of(settings: Settings, what: str) -> str:
@@ -63,7 +70,10 @@ def definition_of(settings: Settings, what: str) -> str:
     schedule = settings.slots.schedule
     if not schedule or not what:
         return ""
-    return f"{what}, schedule '{' '.join(schedule.split())}' in {settings.slots.timezone}"
+    definition = f"{what}, schedule '{' '.join(schedule.split())}' in {settings.slots.timezone}"
+    # Only when not skip, so that a default task's definition is the one previous releases store.
+    overlap = settings.lease.overlap_policy
+    return definition if overlap == SKIP else f"{definition}, overlap {overlap}"
 
 
 class RunResult(NamedTuple):
@@ -101,6 +111,9 @@ class Execution:
         self.shutdown = shutdown
         self.exit_process = exit_process
         self.keys = TaskKeys(settings.lease.prefix, settings.lease.scope, task_name)
+        overlap = settings.lease.overlap_policy
+        # A skip counter on a slot that did not run is kept as long as a marker at the least.
+        retention_s = settings.lease.slot_retention_s or 3600.0
         self.lease = Lease(
             client,
             self.keys,
@@ -109,6 +122,9 @@ class Execution:
             definition=definition_of(settings, what),
             redefine=settings.lease.redefine,
             runs_maxlen=settings.lease.history_length,
+            overlap=overlap,
+            aux_ms=int(overlap_wait_s(settings) * 1000) if overlap == REPLACE else 0,
+            skip_ttl_ms=int(retention_s * 1000),
         )
         self.log: RunLogger = run_logger(task_name, settings.lease.holder)
         self.policy = Policy(settings, self.log)
@@ -197,14 +213,16 @@ class Execution:
             )  # fmt: skip
             return self.policy.decide(reply, self.slot, self._look, self._stopping)
 
-    def _acquire(self) -> AcquireResult:
+    def _acquire(self, *, final: bool = False) -> AcquireResult:
         self._sent_at = clock.monotonic()
-        return self.lease.acquire(self.slot)
+        record = self._record("", 0, None)
+        del record["outcome"]  # the script adds it, and why, when it records a skip
+        return self.lease.acquire(self.slot, final=final, skip_record=record)
 
-    def _look(self) -> AcquireResult:
+    def _look(self, *, final: bool = False) -> AcquireResult:
         """The acquire script again, for the policy: within a connect deadline of its own."""
         return with_deadline(
-            self._acquire,
+            lambda: self._acquire(final=final),
             deadline_s=clock.monotonic() + self.settings.redis.connect_timeout_s,
             what="acquire",
             where=self.where,
@@ -235,9 +253,14 @@ class Execution:
                     TERMINATED, exit_code(TERMINATED), "terminated before the task started"
                 )
             return RunResult.of(TERMINATED, "terminated before start")
+        ttl_s = self.settings.lease.ttl_s
         self.keeper = keeper = Keeper(
             self.lease,
-            ttl_s=self.settings.lease.ttl_s,
+            ttl_s=ttl_s,
+            # Under replace a newer slot's request is seen at the next renewal: keep it near.
+            renew_interval_s=min(ttl_s / 3, 1.0)
+            if self.settings.lease.overlap_policy == REPLACE
+            else None,
             confirmed_at=self._sent_at,
             on_renewed=self._renewed,
             logger=keeper_logger(self.log),
@@ -308,11 +331,15 @@ class Execution:
             elif stop_reason is None and self.shutdown.requested:
                 stop_reason = TERMINATED
                 kill_at = now + self.settings.run.shutdown_grace_s
-            elif stop_reason == TERMINATED and keeper.is_lost():
+            elif stop_reason is None and keeper.preempted is not None:
+                # Stopped as on a stop request; the lease is kept until the task has stopped.
+                stop_reason = REPLACED
+                kill_at = now + self.settings.run.shutdown_grace_s
+            elif stop_reason in (TERMINATED, REPLACED) and keeper.is_lost():
                 # Shutting down, and now the lease is going too: it bounds the grace.
                 kill_at = min(kill_at or now, keeper.expires_at)
             if stop_reason is not None and not ctx.cancelled.is_set():
-                ctx.cancel("lease lost" if stop_reason == LEASE_LOST else "shutdown requested")
+                ctx.cancel(_CANCEL_REASONS[stop_reason])
                 self.target.cancel()
                 self.log.warning(
                     f"stopping the task: {ctx.cancel_reason}",
@@ -369,13 +396,21 @@ class Execution:
             with self.observer.phase("release"):
                 self._release(TERMINATED, exit_code(TERMINATED), error)
             return RunResult.of(TERMINATED, f"stopped by {self.shutdown.name}")
+        if stop_reason == REPLACED and keeper.preempted is not None:
+            return self._complete(REPLACED, str(keeper.preempted))
         if code != 0:
             with self.observer.phase("release"):
-                self._release(FAILED, code, error)
+                self._release(FAILED, code, error, failure=True)
             return RunResult(FAILED, code, reason=error)
         return self._complete(self.target.outcome)
 
-    def _complete(self, done: str) -> RunResult:
+    def _complete(self, done: str, reason: str | None = None) -> RunResult:
+        """Mark the slot done and release. ``done`` is the task's success (``ran``, ``enqueued``),
+        or ``replaced``: stopped for a newer slot, whose slot must not run again either."""
+        code = exit_code(done)
+        marker: dict[str, str | int | float] = {"fence": self.fence}
+        if done == REPLACED:
+            marker["outcome"] = REPLACED
         # Only a completing run needs the retention: a CronJob pod's start stays free of the
         # schedule parser.
         retention_ms = int(retention_s(self.settings, self.log) * 1000)
@@ -384,10 +419,11 @@ class Execution:
                 self._store(
                     lambda: self.lease.complete(
                         self.slot,
-                        self._record(done, 0, None),
-                        self._state(done, 0),
-                        {"fence": self.fence},
+                        self._record(done, code, reason),
+                        self._state(done, code),
+                        marker,
                         retention_ms=retention_ms,
+                        success=done != REPLACED,
                     )
                 )
         except LeaseNotOwned as exc:
@@ -397,7 +433,7 @@ class Execution:
             self.log.error(str(exc), extra={"event": "finish_incomplete"})
             return RunResult(done, exc.exit_code, reason=str(exc))
         self.log.info("released", extra={"event": "released"})
-        return RunResult.of(done)
+        return RunResult.of(done, reason)
 
     def _left_behind(self, left: LeftBehind, code: int) -> RunResult | None:
         """Descendants left the command's group and came back to us: all were killed, or some
@@ -425,12 +461,16 @@ class Execution:
         deadline = clock.monotonic() + self.settings.redis.connect_timeout_s
         return with_deadline(call, deadline_s=deadline, what="finish", where=self.where)
 
-    def _release(self, outcome: str, code: int, error: str | None) -> None:
+    def _release(
+        self, outcome: str, code: int, error: str | None, *, failure: bool = False
+    ) -> None:
         try:
             self._finished(
                 self._store(
                     lambda: self.lease.release(
-                        self._record(outcome, code, error), self._state(outcome, code)
+                        self._record(outcome, code, error),
+                        self._state(outcome, code),
+                        failure=failure,
                     )
                 )
             )
@@ -477,6 +517,12 @@ class Execution:
             self.log.warning(f"could not record the run: {exc}", extra={"event": "record_failed"})
 
     def _finished(self, finished: Finished) -> None:
+        if finished.paused:
+            self.log.warning(
+                f"paused the task after {self.lease.pause_after_failures} consecutive failures: "
+                "no slot runs until `cron-runner resume`",
+                extra={"event": "paused"},
+            )
         if finished.stale_state:
             self.log.warning(
                 "the task's state was left as it is: a newer holder (a higher fence) wrote it",

@@ -9,7 +9,10 @@ Execution (runner.run.execution) asks at three points of its phases and acts on 
 * ``decide``: the acquire script's reply: Acquired (run it), or a Skip. A run of this very
   slot that holds the lease is waited for first: it finishes (skipped_done), renews
   (skipped_held, 0: it is running), vanishes without marking the slot (taken over: Acquired),
-  or none of these within the held wait (skipped_held, 75).
+  or none of these within the held wait (skipped_held, 75). Under the overlap policies
+  buffer-one and replace, a run that found an earlier slot holding the lease waits for its
+  turn (docs/design.md, Overlap policies): a look each poll, the last one recording the skip
+  if the lease is still held. A paused task is skipped (paused, 0).
 
 Everything a policy of the lease decides (what to do when held, late or paused) is answered
 here, with what the lease scripts reply; execution keeps only the phases.
@@ -19,12 +22,22 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from typing import Final, NamedTuple
+from typing import Final, NamedTuple, Protocol
 
 from runner import clock
-from runner.config.settings import Settings
-from runner.errors import EXIT_LEASE_LOST, EXIT_OK, Terminated
-from runner.lease.scripts import Acquired, AcquireResult, Held, Paused, SlotDone
+from runner.config.settings import BUFFER_ONE, Settings
+from runner.errors import EXIT_LEASE_LOST, EXIT_OK, ConfigError, Terminated
+from runner.lease.scripts import (
+    BUFFERED,
+    GAVE_UP,
+    PREEMPTING,
+    SUPERSEDED,
+    Acquired,
+    AcquireResult,
+    Held,
+    Paused,
+    SlotDone,
+)
 from runner.logs import RunLogger
 from runner.outcomes import (
     PAUSED,
@@ -46,6 +59,35 @@ RECORDED: Final = "recorded"  # the run stream, with the slot
 # The run stream without the slot: status and the watchdog go on from the last plausible run
 # (and so report this slot as missed).
 RECORDED_WITHOUT_SLOT: Final = "recorded_without_slot"
+
+
+class Look(Protocol):
+    """The acquire script again, one round trip; ``final``: the last look of an overlap wait."""
+
+    def __call__(self, *, final: bool = False) -> AcquireResult: ...
+
+
+def overlap_wait_s(settings: Settings) -> float:
+    """How long buffer-one and replace wait for the holder (CRON_RUNNER_OVERLAP_WAIT).
+
+    replace: the TTL + the shutdown grace + 10 s, room for the holder to see the request at its
+    next renewal, stop its task within its grace and release (or for its lease to expire).
+    buffer-one: the schedule's shortest gap, after which the next slot would take the buffer
+    anyway; its schedule is parsed only here, when a run waits, so a start stays free of it.
+    """
+    lease = settings.lease
+    if lease.overlap_wait_s is not None:
+        return lease.overlap_wait_s
+    default_s = lease.ttl_s + settings.run.shutdown_grace_s + 10.0
+    schedule = settings.slots.schedule
+    if lease.overlap_policy != BUFFER_ONE or not schedule:
+        return default_s
+    from runner.schedule.slots import Schedule  # noqa: PLC0415 - only a waiting run needs it
+
+    try:
+        return Schedule.parse(schedule, settings.slots.timezone, 0.0).min_gap_s
+    except ConfigError:  # `@every D` in a CronJob: only the controller knows its fire times
+        return default_s
 
 
 class Skip(NamedTuple):
@@ -117,23 +159,61 @@ class Policy:
         self,
         reply: AcquireResult,
         slot: int | None,
-        look: Callable[[], AcquireResult],
+        look: Look,
         stopping: Callable[[], bool],
     ) -> Acquired | Skip:
         """Run (Acquired) or skip. ``look`` runs the acquire script again (one round trip);
         ``stopping`` says a stop was requested, which ends a wait with Terminated."""
         got: AcquireResult | HolderAlive | HolderUnconfirmed = reply
-        if isinstance(reply, Held) and slot is not None and reply.slot == slot:
-            got = self._wait_for_holder(reply, slot, look, stopping)
+        if isinstance(got, Held) and got.note in (BUFFERED, PREEMPTING):
+            got = self._wait_for_turn(got, look, stopping)
+        if isinstance(got, Held) and slot is not None and got.slot == slot and not got.note:
+            got = self._wait_for_holder(got, slot, look, stopping)
         if isinstance(got, Acquired):
             return got
         return self._skipped(got)
+
+    def _poll_s(self) -> float:
+        return max(TICK_S, min(1.0, self.settings.lease.ttl_s / 12))
+
+    @staticmethod
+    def _sleep_until(instant: float, stopping: Callable[[], bool], why: str) -> None:
+        while clock.monotonic() < instant:
+            if stopping():
+                raise Terminated(f"stopped while waiting for {why}")
+            time.sleep(TICK_S)
+
+    def _wait_for_turn(self, held: Held, look: Look, stopping: Callable[[], bool]) -> AcquireResult:
+        """buffer-one: this slot waits to run right after the holder; replace: the holder was
+        asked to stop, and this slot runs once it has. Each look is the acquire script (one round
+        trip); the last, at the end of the overlap wait, records the slot's skip if the lease is
+        still held. A later slot that comes meanwhile supersedes this one (the script says so)."""
+        wait_s = overlap_wait_s(self.settings)
+        until = clock.monotonic() + wait_s
+        poll_s = self._poll_s()
+        held_for = f"the slot {held.slot}" if held.slot is not None else "a manual run"
+        doing = (
+            "this slot runs right after it (buffer-one)"
+            if held.note == BUFFERED
+            else "asked it to stop (replace); this slot runs once it has"
+        )
+        self.log.info(
+            f"waiting: {held.holder} holds the lease for {held_for}; {doing}, waiting up to "
+            f"{wait_s:g}s (CRON_RUNNER_OVERLAP_WAIT)",
+            extra={"event": "waiting", "run_holder": held.holder, "ttl_ms": held.ttl_ms},
+        )
+        while True:
+            self._sleep_until(min(clock.monotonic() + poll_s, until), stopping, "the holder")
+            final = clock.monotonic() >= until
+            got = look(final=final)
+            if final or not (isinstance(got, Held) and got.note in (BUFFERED, PREEMPTING)):
+                return got
 
     def _wait_for_holder(
         self,
         held: Held,
         slot: int,
-        look: Callable[[], AcquireResult],
+        look: Look,
         stopping: Callable[[], bool],
     ) -> AcquireResult | HolderAlive | HolderUnconfirmed:
         """Wait for a holder of this very slot to finish (skip: done), renew (skip: it runs,
@@ -145,7 +225,7 @@ class Policy:
         """
         wait_s = self.settings.lease.held_wait
         until = clock.monotonic() + wait_s
-        poll_s = max(TICK_S, min(1.0, self.settings.lease.ttl_s / 12))
+        poll_s = self._poll_s()
         self.log.info(
             f"waiting: a run of this slot holds the lease; waiting up to {wait_s:g}s for it to "
             "finish, renew or expire (CRON_RUNNER_HELD_WAIT)",
@@ -153,11 +233,7 @@ class Policy:
         )
         seen = held
         while True:
-            next_look = clock.monotonic() + poll_s
-            while clock.monotonic() < next_look:
-                if stopping():
-                    raise Terminated("stopped while waiting for the slot's holder")
-                time.sleep(TICK_S)
+            self._sleep_until(clock.monotonic() + poll_s, stopping, "the slot's holder")
             if clock.monotonic() >= until:
                 return HolderUnconfirmed(seen)
             got = look()
@@ -197,6 +273,21 @@ class Policy:
                        "run_holder": got.held.holder, "ttl_ms": got.held.ttl_ms},
             )  # fmt: skip
             return Skip(SKIPPED_HELD, EXIT_OK, f"running at {got.held.holder}", logged=True)
+        if isinstance(got, Held) and got.note in (SUPERSEDED, GAVE_UP):
+            # The acquire script has recorded the slot's skip (once per slot).
+            if got.note == SUPERSEDED:
+                reason = "superseded: a later slot waits for the lease or took it"
+            else:
+                reason = (
+                    f"{got.holder} still held the lease after the overlap wait of "
+                    f"{overlap_wait_s(self.settings):g}s (CRON_RUNNER_OVERLAP_WAIT)"
+                )
+            self.log.info(
+                f"skipped: {reason}",
+                extra={"event": "skipped", "outcome": SKIPPED_HELD, "exit_code": EXIT_OK,
+                       "run_holder": got.holder or None},
+            )  # fmt: skip
+            return Skip(SKIPPED_HELD, EXIT_OK, reason, logged=True)
         if isinstance(got, Held):
             self.log.info(
                 "skipped: another holder has the lease",

@@ -13,18 +13,14 @@ from typing import Any, cast
 import pytest
 import redis
 
+from runner.config.settings import ALLOW_OTHER_SLOTS, BUFFER_ONE, OVERLAPS, REPLACE, SKIP
 from runner.errors import Preempted
 from runner.keys import TaskKeys
 from runner.lease.scripts import (
-    ALLOW_OTHER_SLOTS,
-    BUFFER_ONE,
     BUFFERED,
     GAVE_UP,
-    OVERLAPS,
     PREEMPTING,
     PROTOCOL,
-    REPLACE,
-    SKIP,
     SUPERSEDED,
     Acquired,
     Held,

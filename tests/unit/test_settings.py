@@ -222,3 +222,36 @@ def test_the_cluster_name_goes_before_the_holder() -> None:
         "eu-west/"
     )
     assert load_settings({"CRON_RUNNER_HOLDER": "pod-a"}).lease.holder == "pod-a"
+
+
+# -- overlap (issue 17) ------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("value", ["skip", "buffer-one", "Replace", "allow-other-slots"])
+def test_overlap_accepts_the_four_policies(value: str) -> None:
+    settings = load_settings({"CRON_RUNNER_OVERLAP": value})
+    assert settings.lease.overlap == value.lower()
+
+
+def test_overlap_defaults_to_unset_which_is_skip() -> None:
+    lease = load_settings({}).lease
+    assert (lease.overlap, lease.overlap_policy, lease.overlap_wait_s) == (None, "skip", None)
+
+
+@pytest.mark.parametrize(
+    ("env", "flags", "named"),
+    [
+        ({"CRON_RUNNER_OVERLAP": "forbid"}, {}, "CRON_RUNNER_OVERLAP='forbid'"),
+        ({}, {"OVERLAP": "allow"}, "--overlap='allow'"),
+        ({"CRON_RUNNER_OVERLAP_WAIT": "-5s"}, {}, "CRON_RUNNER_OVERLAP_WAIT='-5s'"),
+        ({}, {"OVERLAP_WAIT": "0"}, "--overlap-wait='0'"),
+    ],
+)
+def test_a_bad_overlap_setting_names_itself_and_what_is_accepted(
+    env: dict[str, str], flags: dict[str, str | None], named: str
+) -> None:
+    with pytest.raises(ConfigError) as refused:
+        load_settings(env, flags)
+    assert named in str(refused.value)
+    if "WAIT" not in named.upper():
+        assert "expected one of skip, buffer-one, replace, allow-other-slots" in str(refused.value)
