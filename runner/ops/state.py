@@ -367,13 +367,14 @@ class Reader:
         return out
 
     def _ran(self, tasks: list[str], ledgers: list[list[int]]) -> list[set[int]]:
-        """For each task, the ledger's slots that have run since (their marker exists)."""
+        """For each task, the ledger's slots that have run since (their marker names a holder:
+        a marker may also hold no more than the skips of a slot that did not run)."""
         if not any(ledgers):
             return [set() for _ in tasks]
         pipe = self.client.pipeline(transaction=False)
         for task, ledger in zip(tasks, ledgers, strict=True):
             for slot in ledger:
-                pipe.exists(self.keys(task).slot(slot))
+                pipe.hget(self.keys(task).slot(slot), "holder")
         found = iter(pipe.execute(raise_on_error=False))
         # Without +exists (an ACL from before the ledger) a slot's marker cannot be looked at:
         # it counts as not run, so the ledger keeps reporting it until acknowledged.
@@ -502,7 +503,7 @@ class Reader:
         resolved = [int(float(m)) for m in ledger]
         pipe = self.client.pipeline(transaction=False)
         for slot in (*fires, *resolved):
-            pipe.exists(keys.slot(slot))
+            pipe.hget(keys.slot(slot), "holder")
         marks = pipe.execute() if fires or resolved else []
         new = [slot for slot, mark in zip(fires, marks, strict=False) if not mark]
         ran = [slot for slot, mark in zip(resolved, marks[len(fires) :], strict=True) if mark]
