@@ -198,6 +198,18 @@ if own and (policy == 'buffer' or policy == 'replace') then
     return superseded(asking)
   end
 end
+if own and policy == 'slots' then
+  -- The task's lease held by a run of this slot, or by a token that names none (a manual run,
+  -- a runner of b170e33, which takes the task's lease for any slot): this slot may be running.
+  local shown = redis.call('GET', aux)
+  if shown and shown ~= ARGV[1] then
+    local shown_slot = tonumber(string.match(shown, ':[^:]*/(%d+)$') or '')
+    if not shown_slot or shown_slot == own then
+      skipped('', '')
+      return {'held', shown, redis.call('PTTL', aux), ''}
+    end
+  end
+end
 if current then
   local pttl = redis.call('PTTL', KEYS[1])
   if own and held_slot == own then

@@ -303,6 +303,18 @@ def test_allow_other_slots_runs_slots_side_by_side_never_one_slot_twice(r: redis
     assert r.keys(f"{KEYS.base}:lease*") == []
 
 
+def test_allow_other_slots_respects_a_task_lease_that_may_run_its_slot(r: redis.Redis) -> None:
+    """b170e33 (which reads no protocol minimum) and manual runs take the task's lease for any
+    slot: a per-slot run must not start beside them."""
+    r.set(KEYS.lease, "old-pod:9f3a", px=60_000)
+    got = held(lease(r, "a", SLOT, overlap=ALLOW_OTHER_SLOTS).acquire(SLOT))
+    assert got.token == "old-pod:9f3a"
+    assert r.get(KEYS.slot_lease(SLOT)) is None
+    # The task's lease showing a run of another slot does not hold this one back.
+    r.set(KEYS.lease, new_token("b", SLOT - GAP), px=60_000)
+    acquired(lease(r, "a", SLOT, overlap=ALLOW_OTHER_SLOTS).acquire(SLOT))
+
+
 # -- catch-up candidates and a finish that keeps the lease ---------------------------------------
 
 

@@ -1,6 +1,8 @@
 """A rolling upgrade (issue 11, item 11): a previous release's runner (from a git worktree in its
 own venv) and this one share a Redis, started together for 20 slots, each side first in turn. Exactly one side effect per slot, and the ``status`` and ``history`` of each read
-the other's records.
+the other's records. With an overlap policy other than skip (issue 17), this release raises the
+task's protocol minimum to 3: bf4bd60 refuses (78) and runs nothing; b170e33, which reads no
+minimum, still never runs a slot twice beside it.
 
 Slots come from CRON_RUNNER_JOB_NAME (runner/schedule/slots.py), 20 recent minutes, so the test
 needs no real minutes to pass. Each old release is built once per test session."""
@@ -175,3 +177,58 @@ def test_a_runner_refuses_a_task_a_newer_incompatible_protocol_has_marked(
     assert ok.returncode == 0, ok.stderr
     # It never lowers what the newer runner stored.
     assert client.hget("cron-runner:{default:ahead}:meta", "protocol") == str(newer)
+
+
+@pytest.mark.parametrize("overlap", ["replace", "allow-other-slots"])
+def test_with_an_overlap_policy_the_previous_runner_is_refused_or_never_runs_a_slot_twice(
+    redis_server: RedisServer, previous_runner: str, tmp_path: Path, overlap: str
+) -> None:
+    effects = tmp_path / "effects"
+    command = ["sh", "-c", f'sleep 0.2; echo "$CRON_RUNNER_JOB_NAME $SIDE" >> {effects}']
+    sides = {"old": previous_runner, "new": CRON_RUNNER}
+    first_minute = int(time.time() // 60) - 15
+    client = redis_server.client()
+    outcomes: dict[str, list[tuple[str | None, int]]] = {"old": [], "new": []}
+    for i in range(6):
+        job = f"mixed-{first_minute + i}"
+        # The new runner first in the first pair, so the policy's minimum is stored from then on.
+        order = ["new", "old"] if i % 2 == 0 else ["old", "new"]
+        procs = {}
+        for side in order:
+            extra = {"CRON_RUNNER_OVERLAP": overlap} if side == "new" else {}
+            procs[side] = _start(sides[side], ["exec", "--name", "mixed", "--holder",
+                                               f"pod-{side}", "--", *command],
+                                 _env(redis_server.url, CRON_RUNNER_JOB_NAME=job, SIDE=side,
+                                      **extra))  # fmt: skip
+            if side == order[0]:
+                wait_for(functools.partial(_took_or_ended, client, procs[side]),
+                         what=f"the {side} runner to take the lease")  # fmt: skip
+        for side, proc in procs.items():
+            _, stderr = proc.communicate(timeout=60)
+            assert "Traceback" not in stderr, stderr
+            done = [e["outcome"] for e in events(stderr) if e.get("outcome") is not None]
+            outcomes[side].append((done[-1] if done else None, proc.returncode))
+            if side == "old" and previous_runner_checks_protocol(previous_runner):
+                assert proc.returncode == ConfigError.exit_code, stderr
+                assert "needing protocol 3" in stderr, stderr
+
+    by_job: dict[str, list[str]] = {}
+    for line in effects.read_text().splitlines():
+        job, side = line.split()
+        by_job.setdefault(job, []).append(side)
+    assert all(len(ran) == 1 for ran in by_job.values()), by_job
+    assert client.hget("cron-runner:{default:mixed}:meta", "protocol_min") == "3"
+    if previous_runner_checks_protocol(previous_runner):
+        # Refused every time: the old runner never ran a slot, the new one ran them all.
+        assert {ran[0] for ran in by_job.values()} == {"new"}
+        assert len(by_job) == 6
+        assert {code for _, code in outcomes["old"]} == {ConfigError.exit_code}
+    else:
+        # b170e33 reads no minimum: it shares the lease and the markers, so never a slot twice.
+        for got, code in outcomes["old"]:
+            assert (got, code) in {("ran", 0), ("skipped_held", 0), ("skipped_done", 0)}
+
+
+def previous_runner_checks_protocol(binary: str) -> bool:
+    """bf4bd60 checks the task's protocol minimum (protocol 2); b170e33 predates it."""
+    return "bf4bd60" in binary
