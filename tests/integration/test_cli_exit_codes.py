@@ -111,6 +111,9 @@ def test_exec_output_is_passed_through(redis_server: RedisServer) -> None:
         (["exec", "--name", "x"], {}, "no command given"),  # usage: 64
         (["exec", "--name", "bad{name}", "--", "true"], {}, "--name"),
         (["frobnicate"], {}, "invalid choice"),  # usage: 64
+        (["run", "ok"], {"CRON_RUNNER_OVERLAP": "forbid"}, "CRON_RUNNER_OVERLAP='forbid'"),
+        (["run", "ok", "--overlap", "all"], {}, "expected one of skip, buffer-one, replace"),
+        (["run", "ok", "--overlap-wait", "soon"], {}, "--overlap-wait='soon'"),
     ],
 )
 def test_config_and_usage_errors_exit_78_or_64(
@@ -154,6 +157,28 @@ def test_sigterm_exit_143_and_lease_released(
     assert r.get(LEASE % "slow") is None
     assert "terminated" in [e.get("event") for e in events(stderr)]
     assert not side_effects(effects, "done")
+
+
+def test_replaced_exit_79_the_newer_slot_runs(
+    redis_server: RedisServer, r: redis.Redis, effects: Path
+) -> None:
+    minute = int(time.time() // 60) - 5
+
+    def pod(m: int, seconds: str) -> dict[str, str]:
+        return runner_env(redis_server.url, SIDE_EFFECTS=str(effects), TASK_SECONDS=seconds,
+                          CRON_RUNNER_JOB_NAME=f"slow-{m}", CRON_RUNNER_CRONJOB_NAME="slow",
+                          CRON_RUNNER_OVERLAP="replace")  # fmt: skip
+
+    old = spawn(["run", "slow"], pod(minute, "30"))
+    wait_for(lambda: side_effects(effects, "start"), what="the old slot's task")
+    new = run(["run", "slow"], pod(minute + 1, "0.2"))
+    _, old_err = old.communicate(timeout=30)
+    assert (old.returncode, outcome(old_err)) == (79, "replaced"), old_err
+    assert (new.returncode, outcome(new.stderr)) == (0, "ran"), new.stderr
+    assert "preempted" in [e.get("event") for e in events(old_err)]
+    assert len(side_effects(effects, "start")) == 2
+    assert len(side_effects(effects, "done")) == 1
+    assert r.hget(f"cron-runner:{{default:slow}}:slot:{minute * 60}", "outcome") == "replaced"
 
 
 def test_every_minute_schedule_runs_with_default_tolerance(redis_server: RedisServer) -> None:
