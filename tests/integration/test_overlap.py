@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 import pytest
 
 from runner.config.settings import Settings
+from runner.errors import DefinitionConflict
 from runner.outcomes import PAUSED, RAN, REPLACED, SKIPPED_HELD
 from runner.run.execution import RunResult
 from runner.tasks import RunContext
@@ -175,3 +176,15 @@ def test_a_paused_task_runs_nothing_and_records_the_slot(h: Harness) -> None:
     assert not task.started.is_set()
     ((record),) = h.records()
     assert (record["outcome"], record["slot"]) == (PAUSED, str(SLOT))
+
+
+def test_the_policy_joins_the_definition_only_when_not_skip(h: Harness) -> None:
+    scheduled = {"SCHEDULE": "*/5 * * * *", "HOLDER": "a"}
+    h.wall_at(SLOT + 5)
+    assert h.run(Timed(0), h.settings(**scheduled)).outcome == RAN
+    # What previous releases store for the task: the policy is not in it.
+    assert h.redis().hget(h.keys.meta, "definition") == ("run test, schedule '*/5 * * * *' in UTC")
+    with pytest.raises(DefinitionConflict) as refused:
+        h.run(Timed(0), h.settings(**scheduled, OVERLAP="replace"))
+    assert "overlap replace" in str(refused.value)
+    assert h.redis().hget(h.keys.meta, "protocol_min") == "1"  # refused: nothing raised
