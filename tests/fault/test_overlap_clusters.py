@@ -218,7 +218,9 @@ def test_replace_stops_the_old_slot_before_the_new_one_starts(
            new_task_started_after_s=round(min(t.t for t in after) - asked_at, 2),
            preempted_seen_after_s=round(event_time(stderr, "preempted") - asked_at, 2),
            renew_interval_s=1.0, ttl_s=TTL_S)  # fmt: skip
-    assert handover_s < 2.5  # a renewal (every second) sees the request; SIGTERM stops it
+    # The newcomer's start (a process: about a second on this loaded 2-core machine), the
+    # holder's next renewal (within a second under replace), then SIGTERM stops the ticker.
+    assert handover_s < 4.0
     assert old.returncode == 79
 
 

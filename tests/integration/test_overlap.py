@@ -97,8 +97,8 @@ def test_replace_stops_the_holder_before_the_newcomer_starts(h: Harness, runs: R
     assert old.end_s <= new.start_s  # no overlap
     assert new.fence > old.fence
     # The renewal every second sees the request; the newcomer's next look takes the lease.
-    assert old.end_s - asked_s < 2.5
-    assert new.start_s - asked_s < 3.0
+    assert old.end_s - asked_s < 3.0
+    assert new.start_s - asked_s < 4.0
     assert h.marker(SLOT)["outcome"] == REPLACED  # not to be run again
     outcomes = [(r["outcome"], r["slot"], r["exit_code"]) for r in h.records()]
     assert outcomes == [(REPLACED, str(SLOT), "79"), (RAN, str(SLOT + MINUTE), "0")]
