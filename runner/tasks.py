@@ -18,7 +18,7 @@ from importlib.metadata import entry_points
 from types import ModuleType
 from typing import Any, NamedTuple
 
-from runner.config.settings import parse_duration
+from runner.config.sources import parse_duration
 from runner.errors import Cancelled, ConfigError, UnknownTask
 from runner.keys import validate_name
 

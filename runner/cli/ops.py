@@ -14,7 +14,8 @@ from contextlib import contextmanager
 from typing import Any
 
 from runner import clock
-from runner.config.settings import Settings, parse_duration
+from runner.config.settings import Settings
+from runner.config.sources import parse_duration
 from runner.errors import ConfigError, StoreUnavailable, UnknownTask, UsageError
 
 AddFlags = Callable[[argparse.ArgumentParser, Sequence[str]], None]

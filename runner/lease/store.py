@@ -35,6 +35,7 @@ from redis.sentinel import MasterNotFoundError
 
 from runner import clock
 from runner.config.settings import RedisSettings
+from runner.config.timings import SOCKET_TIMEOUT_MAX_S, LeaseTimings
 from runner.errors import ConfigError, StoreUnavailable, Terminated
 
 T = TypeVar("T")
@@ -67,12 +68,14 @@ _TLS_CONFIG_REASONS = {
 }
 
 
-def socket_timeout_s(ttl_s: float) -> float:
-    """A renewal must come back well inside one renew interval (ttl/3)."""
-    return max(0.2, min(5.0, ttl_s / 4))
+def socket_timeout_s(ttl_s: float | None) -> float:
+    """A lease holder's calls must come back well inside one renew interval; a client that
+    holds no lease (``ttl_s`` None: status, serve, the worker's queue calls) gets the longest
+    timeout a holder may have."""
+    return SOCKET_TIMEOUT_MAX_S if ttl_s is None else LeaseTimings(ttl_s).socket_timeout_s
 
 
-def _common_kwargs(settings: RedisSettings, ttl_s: float) -> dict[str, Any]:
+def _common_kwargs(settings: RedisSettings, ttl_s: float | None) -> dict[str, Any]:
     kwargs: dict[str, Any] = {
         "decode_responses": True,
         # Never above the connect deadline: one try against a server that accepts and never
@@ -314,17 +317,13 @@ def _db(url: str) -> int:
 
 
 def wait_timeout_ms(ttl_s: float) -> int:
-    """How long WAIT may block: a sixth of the TTL at most, so that its reply has as long
-    again to arrive (wait_reply_timeout_s) and the lease is still fresh when the task starts."""
-    return int(min(socket_timeout_s(ttl_s) * 0.8, ttl_s / 6) * 1000)
+    """LeaseTimings.wait_timeout_ms, for the run's WAIT (replicas_acknowledged)."""
+    return LeaseTimings(ttl_s).wait_timeout_ms
 
 
 def wait_reply_timeout_s(ttl_s: float) -> float:
-    """How long the WAIT reply may take: one renew interval (ttl/3), twice the WAIT timeout.
-
-    With the socket timeout instead (ttl/4), a 1.5 s TTL left 75 ms between WAIT's own timeout
-    and the socket's: a reply delayed by a busy host was read as no replica at all."""
-    return max(socket_timeout_s(ttl_s), ttl_s / 3)
+    """LeaseTimings.wait_reply_timeout_s, for the run's WAIT (replicas_acknowledged)."""
+    return LeaseTimings(ttl_s).wait_reply_timeout_s
 
 
 class WaitUnanswered(RedisTimeoutError):

@@ -15,7 +15,8 @@ import threading
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, NamedTuple
 
-from runner.config.settings import Settings, _Source, _whole_number, parse_duration
+from runner.config.settings import Settings
+from runner.config.sources import Source, parse_duration, setting_flags, whole_number
 from runner.errors import ConfigError
 
 AddFlags = Callable[[argparse.ArgumentParser, Sequence[str]], None]
@@ -50,13 +51,13 @@ class ServeSettings(NamedTuple):
 def load_serve_settings(
     env: Mapping[str, str], flags: Mapping[str, str | None] | None = None
 ) -> ServeSettings:
-    src = _Source(env, flags or {})
+    src = Source(env, flags or {})
     host, _ = src.get("SERVE_HOST")
     port_raw, origin = src.get("SERVE_PORT")
     origin = origin.replace("--serve-", "--")  # the flags are --host, --port, --tolerance
     port = DEFAULT_PORT
     if port_raw is not None:
-        if not _whole_number(port_raw) or not 0 <= int(port_raw) < 65536:
+        if not whole_number(port_raw) or not 0 <= int(port_raw) < 65536:
             raise ConfigError(
                 f"{origin}={port_raw!r} is not valid: expected a port, 1 to 65535 (0: any free one)"
             )
@@ -68,7 +69,7 @@ def load_serve_settings(
     )
 
 
-def _tolerance(src: _Source) -> float:
+def _tolerance(src: Source) -> float:
     value, origin = src.get("SERVE_TOLERANCE")
     if value is None:
         return DEFAULT_TOLERANCE_S
