@@ -281,25 +281,21 @@ def add_commands(sub: Any, add_flags: AddFlags) -> None:
 
 @contextmanager
 def _connected(settings: Settings, what: str) -> Iterator[Any]:
-    """A client that has answered a PING within the connect deadline (exit 69 if not)."""
+    """A client that has answered a PING within the connect deadline (exit 69 if not); Redis
+    lost or refusing later is exit 69 or 78 too, not a traceback."""
     from redis.exceptions import ConnectionError as RedisConnectionError  # noqa: PLC0415
     from redis.exceptions import NoPermissionError, TimeoutError  # noqa: PLC0415
 
     from runner.lease import store  # noqa: PLC0415
 
     where = settings.redis.display_target
-    client = store.connect(settings.redis, settings.lease.ttl_s)
-    try:
-        deadline = clock.monotonic() + settings.redis.connect_timeout_s
-        store.with_deadline(client.ping, deadline_s=deadline, what=what, where=where)
+    with store.connected(settings.redis, what) as client:
         try:
             yield client
         except (RedisConnectionError, TimeoutError) as exc:
             raise StoreUnavailable(f"{what}: lost Redis at {where}: {exc}") from exc
         except NoPermissionError as exc:
             raise ConfigError(f"{what}: the ACL user may not do this at {where}: {exc}") from exc
-    finally:
-        client.close()
 
 
 def _write(text: str) -> None:

@@ -1,4 +1,8 @@
-"""The Redis client, built from settings, and calls made under the connect deadline.
+"""The Redis client, built from settings, and calls made under the connect deadline
+(docs/design.md, docs/reliability.md).
+
+``connected`` is the one way in for every caller but a run's own connect, which is a traced
+phase sharing its deadline with the acquire (runner.run.execution).
 
 Fail closed: a call that cannot reach Redis is retried with exponential backoff and full
 jitter until the deadline, then raises ``StoreUnavailable`` (exit 69). A refusal that no retry
@@ -14,7 +18,8 @@ import contextlib
 import random
 import ssl
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any, TypeVar
 
 import redis
@@ -150,10 +155,13 @@ def _cluster_class() -> type[Any]:
     return Cluster
 
 
-def connect(settings: RedisSettings, ttl_s: float, *, decode_responses: bool = True) -> Any:
+def connect(
+    settings: RedisSettings, ttl_s: float | None = None, *, decode_responses: bool = True
+) -> Any:
     """A client for the configured shape. No I/O happens here: ``open_connection`` or the first
     command connects, except for Cluster, whose client reads the slot table at once (under the
-    connect deadline).
+    connect deadline). ``ttl_s``: the TTL of the lease this client holds, which bounds its
+    socket timeout; None for a client that holds none. Most callers want ``connected``.
 
     ``decode_responses=False`` is for Dramatiq (queue mode), which decodes its own bytes.
     """
@@ -215,6 +223,49 @@ def connect(settings: RedisSettings, ttl_s: float, *, decode_responses: bool = T
     client = redis.Redis(connection_pool=pool)
     client.auto_close_connection_pool = True  # as Redis.from_url does
     return client
+
+
+@contextmanager
+def connected(
+    settings: RedisSettings,
+    what: str,
+    *,
+    ttl_s: float | None = None,
+    decode_responses: bool = True,
+    ping: bool = True,
+) -> Iterator[Any]:
+    """A client (``connect``) that has answered a PING within the connect deadline, closed on
+    the way out: ``StoreUnavailable`` (exit 69) when Redis stays away, ``ConfigError`` (78)
+    when it refuses the settings. ``what`` names the caller in those errors.
+
+    ``ping=False`` for a caller whose own first call goes through ``within_connect_deadline``
+    (one round trip fewer), or that must start while Redis is away (serve).
+    """
+    client = connect(settings, ttl_s, decode_responses=decode_responses)
+    try:
+        if ping:
+            within_connect_deadline(settings, client.ping, what=what)
+        yield client
+    finally:
+        with contextlib.suppress(RedisError):
+            client.close()
+
+
+def within_connect_deadline(
+    settings: RedisSettings,
+    call: Callable[[], T],
+    *,
+    what: str,
+    stop: Callable[[], bool] | None = None,
+) -> T:
+    """``call``, retried as ``with_deadline`` does until CRON_RUNNER_CONNECT_TIMEOUT from now."""
+    return with_deadline(
+        call,
+        deadline_s=clock.monotonic() + settings.connect_timeout_s,
+        what=what,
+        where=settings.display_target,
+        stop=stop,
+    )
 
 
 class PlainServer(OSError):
