@@ -15,17 +15,17 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 from redis.crc import key_slot
 
-from runner.config.settings import load_settings
-from runner.errors import ConfigError, UnknownTask
-from runner.keys import TaskKeys
-from runner.lease import store
-from runner.queue.producer import (
+from runner.config.queue import (
     MAX_MESSAGE_BYTES_LIMIT,
     MAX_PROCESSES,
     MAX_THREADS,
     load_queue_settings,
-    message_options,
 )
+from runner.config.settings import load_settings
+from runner.errors import ConfigError, UnknownTask
+from runner.keys import TaskKeys
+from runner.lease import store
+from runner.queue.options import message_options
 from runner.schedule.slots import resolve_slot, retention_s, stale_slot_reason
 from runner.tasks import Registry, RunContext, task
 from tests.fault.conftest import Figure
