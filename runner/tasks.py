@@ -36,7 +36,7 @@ class QueueOptions(NamedTuple):
     """How queue mode sends and retries a task (CRON_RUNNER_MODE=enqueue, ``cron-runner worker``).
 
     They live with the code because the CronJob that enqueues and the worker that runs
-    both import it. ``None`` means the worker's default (runner/queue.py).
+    both import it. ``None`` means the worker's default (runner/config/queue.py).
     """
 
     queue: str | None = None

@@ -39,7 +39,7 @@ VARIABLES = [
     "REDIS_CLUSTER", "REDIS_MIN_REPLICAS", "KEY_PREFIX", "LEASE_TTL", "CONNECT_TIMEOUT",
     "SKEW_TOLERANCE", "SLOT_RETENTION", "SHUTDOWN_GRACE", "TASK_MODULES", "MODE", "SCHEDULE",
     "TIMEZONE", "JOB_NAME", "CRONJOB_NAME", "SCHEDULED_TIMESTAMP", "HOLDER", "SCOPE", "LOG_FORMAT", "LOG_LEVEL",
-    # Queue mode (runner/queue.py), read by `worker`, `dlq` and an enqueue-mode `run`.
+    # Queue mode (runner/config/queue.py), read by `worker`, `dlq` and an enqueue-mode `run`.
     "MAX_MESSAGE_SIZE", "WORKER_QUEUES", "WORKER_PROCESSES", "WORKER_THREADS",
     "WORKER_POLL_INTERVAL", "QUEUE_HEARTBEAT_TIMEOUT", "QUEUE_MAINTENANCE_CHANCE",
     "QUEUE_DEAD_MESSAGE_TTL", "QUEUE", "RETRIES_MAX", "RETRIES_MIN_BACKOFF",
