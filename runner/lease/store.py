@@ -75,8 +75,8 @@ _TLS_CONFIG_REASONS = {
 
 def socket_timeout_s(ttl_s: float | None) -> float:
     """A lease holder's calls must come back well inside one renew interval; a client that
-    holds no lease (``ttl_s`` None: status, serve, the worker's queue calls) gets the longest
-    timeout a holder may have."""
+    holds no lease (``ttl_s`` None: status and the other admin commands, serve, dlq, a
+    Producer) gets the longest timeout a holder may have, the default TTL's."""
     return SOCKET_TIMEOUT_MAX_S if ttl_s is None else LeaseTimings(ttl_s).socket_timeout_s
 
 
