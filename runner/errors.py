@@ -13,6 +13,9 @@ EXIT_USAGE = 64  # EX_USAGE: the command line is wrong
 EXIT_UNAVAILABLE = 69  # EX_UNAVAILABLE: Redis unreachable within the connect deadline
 EXIT_LEASE_LOST = 75  # EX_TEMPFAIL: the lease was lost during the run; a retry may succeed
 EXIT_CONFIG = 78  # EX_CONFIG: a setting is wrong; retrying cannot help
+# Outside sysexits and unused by common commands: overlap `replace` stopped this run for a newer
+# slot. Not a retry's business (the chart's podFailurePolicy fails the Job on it).
+EXIT_REPLACED = 79
 EXIT_CANNOT_EXECUTE = 126  # as timeout(1) and env(1): found but not runnable
 EXIT_NOT_FOUND = 127  # as timeout(1) and env(1): the command does not exist
 EXIT_TERMINATED = 143  # 128 + SIGTERM, for every stop signal
@@ -111,6 +114,21 @@ class LeaseNotOwned(LeaseLost):
         self.current_holder = current_holder
         held_by = f"held by {current_holder}" if current_holder else "free"
         super().__init__(f"{operation} refused: not the lease owner (lease is {held_by})")
+
+
+class Preempted(CronRunnerError):
+    """Overlap ``replace``: a run of a newer slot asked this holder to stop. The renewal that
+    says so has kept the lease, so the task can stop as on a stop request before it is freed."""
+
+    exit_code = EXIT_REPLACED
+
+    def __init__(self, asker: str, slot: int | None) -> None:
+        self.asker = asker
+        self.slot = slot
+        super().__init__(
+            f"preempted: {asker}, running slot {slot if slot is not None else '?'} under overlap "
+            "replace, asked this run to stop"
+        )
 
 
 class Terminated(CronRunnerError):

@@ -54,6 +54,20 @@ class TaskKeys:
     def lease(self) -> str:
         return f"{self.base}:lease"
 
+    def slot_lease(self, slot_epoch_s: int) -> str:
+        """Overlap allow-other-slots: one lease per slot, so that slots run side by side."""
+        return f"{self.lease}:{slot_epoch_s}"
+
+    @property
+    def buffer(self) -> str:
+        """Overlap buffer-one: the newest slot that waited for the lease or took it."""
+        return f"{self.base}:buffer"
+
+    @property
+    def preempt(self) -> str:
+        """Overlap replace: "SLOT TOKEN" of the run of a newer slot asking the holder to stop."""
+        return f"{self.base}:preempt"
+
     @property
     def fence(self) -> str:
         return f"{self.base}:fence"

@@ -16,7 +16,13 @@ from __future__ import annotations
 
 from typing import Final, NamedTuple
 
-from runner.errors import EXIT_LEASE_LOST, EXIT_OK, EXIT_TERMINATED, EXIT_UNAVAILABLE
+from runner.errors import (
+    EXIT_LEASE_LOST,
+    EXIT_OK,
+    EXIT_REPLACED,
+    EXIT_TERMINATED,
+    EXIT_UNAVAILABLE,
+)
 
 RAN: Final = "ran"
 ENQUEUED: Final = "enqueued"
@@ -29,6 +35,8 @@ LEASE_LOST: Final = "lease_lost"
 TERMINATED: Final = "terminated"
 UNAVAILABLE: Final = "unavailable"
 REQUEUED: Final = "requeued"
+PAUSED: Final = "paused"
+REPLACED: Final = "replaced"
 
 
 class Outcome(NamedTuple):
@@ -46,8 +54,10 @@ OUTCOMES: Final[dict[str, Outcome]] = {
     ENQUEUED:      Outcome(False, True,  EXIT_OK,
                            "queue mode: the slot's one message was sent; a worker runs it"),
     SKIPPED_HELD:  Outcome(True,  False, None,
-                           "another holder has the lease (0), or a holder of the same slot "
-                           "neither renewed nor released it within the held wait (75)"),
+                           "another holder has the lease (0; recorded once per slot when it "
+                           "ran another slot, or a later slot superseded this one), or a holder "
+                           "of the same slot neither renewed nor released it within the held "
+                           "wait (75)"),
     SKIPPED_DONE:  Outcome(True,  False, EXIT_OK, "the slot already ran"),
     SKIPPED_STALE: Outcome(True,  False, EXIT_OK,
                            "a CronJob slot older than its marker's retention: it cannot be "
@@ -64,6 +74,11 @@ OUTCOMES: Final[dict[str, Outcome]] = {
                            "Redis unreachable within the connect deadline; the task did not run"),
     REQUEUED:      Outcome(True,  False, EXIT_OK,
                            "queue worker: stopped by the shutdown and put back on its queue"),
+    PAUSED:        Outcome(True,  False, EXIT_OK,
+                           "the task is paused (cron-runner pause): not run, recorded once per slot"),
+    REPLACED:      Outcome(False, False, EXIT_REPLACED,
+                           "overlap replace: a run of a newer slot asked this one to stop; the "
+                           "task was stopped, the slot marked done (not to be retried)"),
 }
 # fmt: on
 

@@ -23,7 +23,8 @@ log = logging.getLogger("runner")
 
 EXIT_CODES = """exit codes:
   0    ran successfully, or skipped (another holder has the lease, the slot already ran,
-       or, without a Job name, it started past CRON_RUNNER_STARTING_DEADLINE: too_late)
+       the task is paused, a later slot superseded this one, or, without a Job name, it
+       started past CRON_RUNNER_STARTING_DEADLINE: too_late)
   1    the task failed (exec passes the command's own code through, whatever it is)
   64   usage error: the command line is wrong (unknown flag, missing argument)
   69   Redis unreachable within the connect deadline; the task did not run
@@ -31,6 +32,8 @@ EXIT_CODES = """exit codes:
        held the lease and neither renewed nor released it within CRON_RUNNER_HELD_WAIT
   78   configuration error (bad cron, unknown task, bad URL, bad duration, another definition
        of the task or a newer protocol in Redis, a finish refused by the ACL or a key's type)
+  79   replaced: under --overlap replace, a run of a newer slot asked this run to stop; the
+       task was stopped and its slot marked done (not to be retried)
   126  exec: the command was found but cannot run (no execute bit, bad interpreter)
   127  exec: the command was not found
   143  stopped by SIGTERM, SIGINT, SIGHUP, SIGQUIT, SIGUSR1 or SIGUSR2

@@ -20,6 +20,7 @@ from runner.errors import (
     DefinitionConflict,
     FinishIncomplete,
     LeaseNotOwned,
+    Preempted,
     ProtocolRefused,
 )
 from runner.keys import TaskKeys
@@ -30,16 +31,47 @@ log = logging.getLogger("runner")
 # and before, which stores no version; 2 keeps every key and field of 1, so they interoperate.
 # A version whose keys or scripts cannot run beside older runners raises PROTOCOL_MIN: the
 # runners that check (2 and later) then refuse to run, naming both (docs/design.md).
-PROTOCOL = 2
+#
+# 3 adds the overlap policies, pause and catch-up. Its skip policy keeps every key of 1 and 2,
+# so it runs beside them (minimum 1); every other policy, and a pause, needs runners that know
+# it: they raise the task's minimum to 3 (PROTOCOL_MIN_OVERLAP), and 2 refuses from then on.
+PROTOCOL = 3
 PROTOCOL_MIN = 1
+PROTOCOL_MIN_OVERLAP = 3
 
-# KEYS: lease, fence, meta[, slot marker]
-# ARGV: token, ttl_ms, protocol, protocol_min, definition ('' for a manual run), redefine ('1')
+# The overlap policies (docs/design.md, Overlap policies), by the names the scripts use.
+SKIP = "skip"
+BUFFER_ONE = "buffer-one"
+REPLACE = "replace"
+ALLOW_OTHER_SLOTS = "allow-other-slots"
+OVERLAPS = (SKIP, BUFFER_ONE, REPLACE, ALLOW_OTHER_SLOTS)
+_WIRE = {SKIP: "", BUFFER_ONE: "buffer", REPLACE: "replace", ALLOW_OTHER_SLOTS: "slots"}
+
+# Why a held reply did not give the lease (Held.note).
+SUPERSEDED = "superseded"  # a later slot waits or runs: this one never will (recorded)
+BUFFERED = "buffered"  # buffer-one: this slot is the one that waits
+PREEMPTING = "preempting"  # replace: the holder was asked to stop
+GAVE_UP = "gave_up"  # the last look of a wait found it still held (recorded)
+
+# KEYS: lease (the slot's own under allow-other-slots), fence, meta, runs[, slot marker]
+#       [, aux: buffer (buffer-one), preempt (replace), the task's lease (allow-other-slots)]
+#       [, the catch-up candidates' markers...]
+# ARGV: 1 token, 2 ttl_ms, 3 protocol, 4 protocol_min, 5 definition ('' for a manual run),
+#       6 redefine ('1'), 7 policy ('' | 'buffer' | 'replace' | 'slots'), 8 slot ('' manual),
+#       9 the aux key's expiry (ms), 10 a skip counter's expiry (ms), 11 final ('1': the last
+#       look of a wait, so a held reply is a skip to record), 12 runs_maxlen, 13 how many
+#       catch-up candidates, then their slots (oldest first), then the skip record's pairs.
 # Re-entrant for the same token, so that a retry after a lost reply neither fails nor
 # bumps the fence a second time. The version and the definition are checked first: a runner
 # refused by either changes nothing but the meta hash of a task that had none.
+#
+# A skip is counted on the slot's marker (one counter per slot, whatever the replicas), and a
+# slot that does not run because of another slot, the policy or a pause is put in the run
+# stream once (HSETNX 'skipped'). These are pcalls: an ACL without the command must not turn
+# a skip into an error, and the marker's 'holder' alone still says whether the slot ran.
 ACQUIRE = """
-local meta = redis.call('HMGET', KEYS[3], 'protocol', 'protocol_min', 'definition')
+local meta = redis.call('HMGET', KEYS[3], 'protocol', 'protocol_min', 'definition', 'since',
+  'paused', 'paused_until', 'paused_note', 'paused_by', 'paused_at', 'protocol_min_before_pause')
 local mine = tonumber(ARGV[3])
 if mine < tonumber(meta[2] or '1') then
   return {'protocol', meta[1] or '', meta[2] or ''}
@@ -48,62 +80,216 @@ local definition = ARGV[5]
 if definition ~= '' and meta[3] and meta[3] ~= definition and ARGV[6] ~= '1' then
   return {'definition', meta[3]}
 end
+local now = redis.call('TIME')
+local now_ms = tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000)
+local want_min = tonumber(ARGV[4])
+local paused = meta[5] == '1'
+local until_s = tonumber(meta[6] or '')
+local resumed = paused and until_s ~= nil and now_ms >= until_s * 1000
+if resumed then paused = false end
 local writes = {}
+local function write(name, value)
+  writes[#writes + 1] = name
+  writes[#writes + 1] = value
+end
 if not meta[1] or mine > tonumber(meta[1]) then
-  writes = {'protocol', ARGV[3], 'protocol_min', ARGV[4]}
+  write('protocol', ARGV[3])
+end
+-- The minimum never goes down, but for the one a pause raised, which its end puts back.
+local stored_min = tonumber(meta[2] or '')
+if resumed then
+  write('protocol_min', string.format('%d', math.max(tonumber(meta[10] or '') or 1, want_min)))
+elseif not stored_min or want_min > stored_min then
+  write('protocol_min', ARGV[4])
+end
+if paused and meta[10] and want_min > (tonumber(meta[10]) or 1) then
+  write('protocol_min_before_pause', ARGV[4])
 end
 if definition ~= '' and meta[3] ~= definition then
-  writes[#writes + 1] = 'definition'
-  writes[#writes + 1] = definition
+  write('definition', definition)
+end
+if not meta[4] then
+  write('since', string.format('%d', now_ms))
 end
 if #writes > 0 then
   redis.call('HSET', KEYS[3], unpack(writes))
 end
-if #KEYS == 4 then
-  local done = redis.call('HMGET', KEYS[4], 'holder', 'finished_at')
+if resumed then
+  -- A pause with an end, over: the first run after it resumes the task for everyone. Without
+  -- +hdel the fields stay, and every run reads the pause as over, as here.
+  redis.pcall('HDEL', KEYS[3], 'paused', 'paused_until', 'paused_note', 'paused_by',
+    'paused_at', 'protocol_min_before_pause')
+end
+local slot = ARGV[8]
+local own = tonumber(slot)
+local policy = ARGV[7]
+local k = 5
+local marker, aux
+if own then
+  marker = KEYS[k]
+  k = k + 1
+end
+if policy ~= '' then
+  aux = KEYS[k]
+  k = k + 1
+end
+local ncatch = tonumber(ARGV[13])
+local function skipped(outcome, reason)
+  if not marker then return end
+  redis.pcall('HINCRBY', marker, 'skips', 1)
+  if redis.pcall('PTTL', marker) == -1 then
+    redis.pcall('PEXPIRE', marker, ARGV[10])
+  end
+  if outcome ~= '' and redis.pcall('HSETNX', marker, 'skipped', outcome) == 1 then
+    redis.pcall('XADD', KEYS[4], 'MAXLEN', '~', ARGV[12], '*', 'outcome', outcome,
+      'error', reason, unpack(ARGV, 14 + ncatch))
+  end
+end
+local function acquired(fence)
+  local reply = {'acquired', fence}
+  -- Slots before this release's first run of the task are not missed: they are its history.
+  local since = tonumber(meta[4] or '') or now_ms
+  for j = 1, ncatch do
+    local s = ARGV[13 + j]
+    if tonumber(s) * 1000 >= since then
+      local m = redis.call('HMGET', KEYS[k + j - 1], 'holder', 'skipped')
+      if not m[1] and not m[2] then
+        reply[#reply + 1] = s
+      end
+    end
+  end
+  return reply
+end
+if marker then
+  local done = redis.call('HMGET', marker, 'holder', 'finished_at')
   if done[1] then
+    skipped('', '')
     return {'done', done[1], done[2] or ''}
   end
 end
 local current = redis.call('GET', KEYS[1])
 if current == ARGV[1] then
   redis.call('PEXPIRE', KEYS[1], ARGV[2])
-  return {'acquired', tonumber(redis.call('GET', KEYS[2]) or '0')}
+  return acquired(tonumber(redis.call('GET', KEYS[2]) or '0'))
+end
+if paused then
+  local note = meta[7] or ''
+  skipped('paused', 'paused by ' .. (meta[8] or '?') .. (note ~= '' and (': ' .. note) or ''))
+  return {'paused', note, meta[8] or '', meta[9] or '', meta[6] or ''}
+end
+-- The slot a token was taken for: after its last ':', past a '/'. None for a manual run or a
+-- token of b170e33.
+local held_slot = current and tonumber(string.match(current, ':[^:]*/(%d+)$') or '')
+local function holder(token)
+  return string.match(token, '^(.*):[^:]*$') or token
+end
+local function superseded(by)
+  skipped('skipped_held', 'superseded: a run of the later slot ' .. by .. ' waits or ran')
+  return {'held', current or '', current and redis.call('PTTL', KEYS[1]) or 0, 'superseded'}
+end
+local asking
+if own and (policy == 'buffer' or policy == 'replace') then
+  -- An older slot never runs after a newer one has waited or run.
+  if held_slot and held_slot > own then
+    return superseded(held_slot)
+  end
+  if policy == 'buffer' then
+    asking = tonumber(redis.call('GET', aux) or '')
+  else
+    asking = tonumber(string.match(redis.call('GET', aux) or '', '^(%d+) ') or '')
+  end
+  if asking and asking > own then
+    return superseded(asking)
+  end
 end
 if current then
-  return {'held', current, redis.call('PTTL', KEYS[1])}
+  local pttl = redis.call('PTTL', KEYS[1])
+  if own and held_slot == own then
+    return {'held', current, pttl, ''}
+  end
+  if own and (policy == 'buffer' or policy == 'replace') then
+    if ARGV[11] == '1' then
+      skipped('skipped_held', 'held by ' .. holder(current) .. ' past the overlap wait')
+      return {'held', current, pttl, 'gave_up'}
+    end
+    if policy == 'buffer' then
+      redis.call('SET', aux, slot, 'PX', ARGV[9])
+      return {'held', current, pttl, 'buffered'}
+    end
+    redis.call('SET', aux, slot .. ' ' .. ARGV[1], 'PX', ARGV[9])
+    return {'held', current, pttl, 'preempting'}
+  end
+  if own and (held_slot or string.match(current, ':[0-9a-f]+%.[0-9a-f]+$')) then
+    local what = held_slot and ('the slot ' .. held_slot) or 'a manual run'
+    skipped('skipped_held', 'held by ' .. holder(current) .. ' for ' .. what)
+  elseif own then
+    -- A token of b170e33 names no slot: it may be running this one, so nothing is recorded.
+    skipped('', '')
+  end
+  return {'held', current, pttl, ''}
+end
+if own and policy == 'buffer' then
+  redis.call('SET', aux, slot, 'PX', ARGV[9])
+elseif asking then
+  redis.call('DEL', aux)
 end
 -- The key does not exist, so this changes nothing; but an ACL without PEXPIRE refuses it
 -- here, before the task starts, rather than at every renewal until the lease is lost.
 redis.call('PEXPIRE', KEYS[1], ARGV[2])
 redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
+if policy == 'slots' and not redis.call('GET', aux) then
+  -- The task's own lease shows one run of it while any runs: status, serve, the watchdog.
+  redis.call('SET', aux, ARGV[1], 'PX', ARGV[2])
+end
 -- Never below the server's clock in milliseconds: a counter lost with Redis's data (a restart
 -- without persistence, a failover to a lagging replica) starts again above every fence handed
 -- out before, as long as that clock has moved on since.
-local now = redis.call('TIME')
-local floor = tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000)
 local fence = redis.call('INCR', KEYS[2])
-if fence < floor then
-  fence = floor
-  redis.call('SET', KEYS[2], string.format('%d', floor))
+if fence < now_ms then
+  fence = now_ms
+  redis.call('SET', KEYS[2], string.format('%d', now_ms))
 end
-return {'acquired', fence}
+return acquired(fence)
 """
 
-# KEYS: lease   ARGV: token, ttl_ms
+# KEYS: lease[, aux: preempt (replace), the task's lease (allow-other-slots)]
+# ARGV: token, ttl_ms, policy, slot ('' manual)
+# Under replace the renewal keeps the lease and answers 'preempted' while a run of a newer
+# slot asks for it: the holder stops its task as on a stop request, still holding it.
 RENEW = """
 local current = redis.call('GET', KEYS[1])
-if current == ARGV[1] then
-  redis.call('PEXPIRE', KEYS[1], ARGV[2])
-  return {'ok'}
+if current ~= ARGV[1] then
+  return {'not_owner', current or ''}
 end
-return {'not_owner', current or ''}
+redis.call('PEXPIRE', KEYS[1], ARGV[2])
+if ARGV[3] == 'replace' then
+  local asking = redis.call('GET', KEYS[2])
+  if asking then
+    local s, who = string.match(asking, '^(%d+) (.*)$')
+    local own = tonumber(ARGV[4])
+    if s and (not own or tonumber(s) > own) then
+      return {'preempted', who, s}
+    end
+  end
+elseif ARGV[3] == 'slots' then
+  local shown = redis.pcall('GET', KEYS[2])
+  if shown == ARGV[1] then
+    redis.pcall('PEXPIRE', KEYS[2], ARGV[2])
+  elseif not shown then
+    redis.pcall('SET', KEYS[2], ARGV[1], 'PX', ARGV[2])
+  end
+end
+return {'ok'}
 """
 
-# KEYS: lease, runs, state[, slot marker]
-# ARGV: token, runs_maxlen, retention_ms, fence ('' writes the state unguarded), then three
-#       field lists, each a count followed
-#       by that many name/value pairs: run record, state fields, slot marker fields.
+# KEYS: lease, runs, state, meta[, slot marker][, the task's lease (allow-other-slots)]
+# ARGV: 1 token, 2 runs_maxlen, 3 retention_ms, 4 fence ('' writes the state unguarded),
+#       5 keep ('1': mark the slot and keep the lease, for a caught-up slot while the run goes
+#       on), 6 '1' if a slot marker key is given, 7 '1' if the task's lease is given,
+#       8 failures ('count' | 'reset' | ''), 9 pause after this many consecutive failures
+#       (0: never), 10 who pauses (the holder), 11 the protocol minimum while paused,
+#       then three field lists, each a count followed by that many name/value pairs: run
+#       record, state fields, slot marker fields.
 # With a slot marker key this is "complete"; without, "release". An empty token skips
 # the owner check and the lease: that is "record", for outcomes whose lease is gone.
 #
@@ -113,7 +299,8 @@ return {'not_owner', current or ''}
 # the marker's retention instead, so the slot that ran is never run again. The state hash is
 # written only by a fence at least as high as the last one there: a stale holder cannot
 # overwrite a newer holder's state. Reply: 'ok' or 'partial', then 'marked' | 'kept' | '',
-# then '1' if the state was left to a newer fence, then each failed write.
+# then '1' if the state was left to a newer fence, then each failed write; 'ok' adds the
+# task's 'indexed' field and 'paused' when this failure paused the task.
 FINISH = """
 local failed = {}
 local function try(...)
@@ -125,21 +312,32 @@ local function try(...)
   end
   return reply
 end
+local k = 5
+local marker, shown
+if ARGV[6] == '1' then
+  marker = KEYS[k]
+  k = k + 1
+end
+if ARGV[7] == '1' then
+  shown = KEYS[k]
+end
 local token = ARGV[1]
+local keep = ARGV[5] == '1'
 local owner = false
 if token ~= '' then
   local current = try('GET', KEYS[1])
+  -- A retry whose first reply was lost: this token already completed the slot.
+  if marker and (keep or (current ~= nil and current ~= token))
+      and redis.pcall('HGET', marker, 'token') == token then
+    return {'ok', 'marked', ''}
+  end
   if current ~= nil and current ~= token then
-    -- A retry whose first reply was lost: this token already completed the slot.
-    if #KEYS == 4 and redis.pcall('HGET', KEYS[4], 'token') == token then
-      return {'ok', 'marked', ''}
-    end
     return {'not_owner', current or ''}
   end
   -- nil: the lease could not be read, so it is not deleted; a success still marks its slot.
   owner = current ~= nil
 end
-local i = 5
+local i = 12
 local function pairs_at()
   local n = tonumber(ARGV[i])
   local out = {}
@@ -149,19 +347,22 @@ local function pairs_at()
 end
 local record = pairs_at()
 local state = pairs_at()
-local marker = pairs_at()
+local marker_fields = pairs_at()
 local marked = ''
-if #KEYS == 4 and #marker > 0 then
-  if try('HSET', KEYS[4], unpack(marker)) then
+if marker and #marker_fields > 0 then
+  if try('HSET', marker, unpack(marker_fields)) then
     marked = 'marked'
-    try('PEXPIRE', KEYS[4], ARGV[3])
-  elseif owner and try('PEXPIRE', KEYS[1], ARGV[3]) then
+    try('PEXPIRE', marker, ARGV[3])
+  elseif owner and not keep and try('PEXPIRE', KEYS[1], ARGV[3]) then
     marked = 'kept'
   end
   owner = owner and marked == 'marked'
 end
-if owner then
+if owner and not keep then
   try('DEL', KEYS[1])
+  if shown and redis.pcall('GET', shown) == token then
+    redis.pcall('DEL', shown)
+  end
 end
 if #record > 0 then
   try('XADD', KEYS[2], 'MAXLEN', '~', ARGV[2], '*', unpack(record))
@@ -177,6 +378,34 @@ if #state > 0 then
     end
   end
 end
+-- Pause after N consecutive failures: counted in the state hash, and at N the task is paused
+-- as `cron-runner pause` pauses it (the protocol minimum raised, the one before kept).
+local paused = ''
+if ARGV[8] == 'count' then
+  local n = redis.pcall('HINCRBY', KEYS[3], 'consecutive_failures', 1)
+  local limit = tonumber(ARGV[9]) or 0
+  if type(n) == 'number' and limit > 0 and n >= limit then
+    local m = redis.pcall('HMGET', KEYS[4], 'paused', 'protocol_min')
+    if type(m) == 'table' and not m.err and m[1] ~= '1' then
+      local now = redis.call('TIME')
+      local fields = {'paused', '1', 'paused_note', 'paused after ' .. n .. ' consecutive failures',
+        'paused_by', ARGV[10], 'paused_at', now[1] .. string.format('.%03d', math.floor(now[2] / 1000)),
+        'paused_until', '', 'protocol_min_before_pause', m[2] or '1'}
+      if (tonumber(m[2] or '1') or 1) < tonumber(ARGV[11]) then
+        fields[#fields + 1] = 'protocol_min'
+        fields[#fields + 1] = ARGV[11]
+      end
+      if try('HSET', KEYS[4], unpack(fields)) then
+        paused = 'paused'
+      end
+    end
+  end
+elseif ARGV[8] == 'reset' then
+  local n = redis.pcall('HGET', KEYS[3], 'consecutive_failures')
+  if type(n) == 'string' and n ~= '0' then
+    redis.pcall('HSET', KEYS[3], 'consecutive_failures', '0')
+  end
+end
 if #failed > 0 then
   return {'partial', marked, stale, unpack(failed)}
 end
@@ -186,7 +415,7 @@ local indexed = redis.pcall('HGET', KEYS[3], 'indexed')
 if type(indexed) ~= 'string' then
   indexed = type(indexed) == 'table' and '?' or ''
 end
-return {'ok', marked, stale, indexed}
+return {'ok', marked, stale, indexed, paused}
 """
 
 # `cron-runner unlock`, the admin escape hatch. KEYS: lease, runs   ARGV: holder ('' deletes
@@ -245,12 +474,17 @@ UNLOCK_SCRIPT = Script(UNLOCK)
 @dataclass(frozen=True)
 class Acquired:
     fence: int
+    # Catch-up candidates the script found unrun (no marker with a holder, none skipped), as
+    # they were given: oldest first.
+    unrun: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)
 class Held:
     token: str
     ttl_ms: int
+    # Why this reply did not give the lease: '' (held), SUPERSEDED, BUFFERED, PREEMPTING, GAVE_UP.
+    note: str = ""
 
     @property
     def holder(self) -> str:
@@ -267,14 +501,26 @@ class SlotDone:
     finished_at: float | None
 
 
-AcquireResult = Acquired | Held | SlotDone
+@dataclass(frozen=True)
+class Paused:
+    """The task is paused (``cron-runner pause``, or after consecutive failures)."""
+
+    note: str
+    by: str
+    at: float | None
+    until: float | None  # None: until resumed
+
+
+AcquireResult = Acquired | Held | SlotDone | Paused
 
 
 @dataclass(frozen=True)
 class Finished:
-    """What a finish script left: the state hash unwritten because a newer fence wrote it."""
+    """What a finish script left: the state hash unwritten because a newer fence wrote it, and
+    whether this failure paused the task (pause after consecutive failures)."""
 
     stale_state: bool = False
+    paused: bool = False
 
 
 def new_token(holder_id: str, slot: int | None = None) -> str:
@@ -345,12 +591,25 @@ def _flatten(fields: Fields | None) -> list[str]:
     return out
 
 
+def _seconds_or_none(value: Any) -> float | None:
+    text = _as_str(value)
+    try:
+        return float(text) if text else None
+    except ValueError:
+        return None
+
+
 class Lease:
     """One holder's lease on one task. Every method is one round trip.
 
     ``definition`` is the task's definition (schedule, time zone, mode, command or task), ''
     for a manual run: acquire compares it with the one stored and refuses a different one,
     unless ``redefine`` replaces it.
+
+    ``overlap`` is the task's overlap policy (OVERLAPS). ``aux_ms`` is how long a request of
+    replace (the preempt key) lives; ``skip_ttl_ms`` how long a skip counter on a marker that
+    has none is kept, and buffer-one's record of the newest slot. ``pause_after_failures``:
+    pause the task after this many consecutive failures (0: never).
     """
 
     def __init__(
@@ -365,7 +624,13 @@ class Lease:
         definition: str = "",
         redefine: bool = False,
         indexed: bool = True,
+        overlap: str = SKIP,
+        aux_ms: int = 60_000,
+        skip_ttl_ms: int = 3_600_000,
+        pause_after_failures: int = 0,
     ) -> None:
+        if overlap not in _WIRE:
+            raise ValueError(f"overlap {overlap!r}: expected one of {', '.join(OVERLAPS)}")
         self.client = client
         self.indexed = indexed  # False: a scratch task (check), kept out of the scope's index
         self.keys = keys
@@ -375,34 +640,109 @@ class Lease:
         self.runs_maxlen = runs_maxlen
         self.definition = definition
         self.redefine = redefine
+        self.overlap = overlap
+        self.aux_ms = aux_ms
+        self.skip_ttl_ms = skip_ttl_ms
+        self.pause_after_failures = pause_after_failures
         self.fence = 0
+        self.slot: int | None = None  # the slot of the last acquire: its lease is the one held
 
     @property
     def holder(self) -> str:
         return holder_of(self.token)
 
-    def acquire(self, slot: int | None) -> AcquireResult:
-        keys = [self.keys.lease, self.keys.fence, self.keys.meta]
+    @property
+    def protocol_min(self) -> int:
+        """What this runner stores as the task's minimum: skip runs beside protocol 1 and 2."""
+        return PROTOCOL_MIN if self.overlap == SKIP else PROTOCOL_MIN_OVERLAP
+
+    def _policy(self, slot: int | None) -> str:
+        # A manual run has no slot of its own: under allow-other-slots it takes the task's lease.
+        if self.overlap == ALLOW_OTHER_SLOTS and slot is None:
+            return ""
+        return _WIRE[self.overlap]
+
+    def _lease_key(self, slot: int | None) -> str:
+        if self.overlap == ALLOW_OTHER_SLOTS and slot is not None:
+            return self.keys.slot_lease(slot)
+        return self.keys.lease
+
+    def _aux_key(self, policy: str) -> str | None:
+        return {"buffer": self.keys.buffer, "replace": self.keys.preempt,
+                "slots": self.keys.lease}.get(policy)  # fmt: skip
+
+    def acquire(
+        self,
+        slot: int | None,
+        *,
+        catch_up: Sequence[int] = (),
+        final: bool = False,
+        skip_record: Fields | None = None,
+    ) -> AcquireResult:
+        """Take the lease for ``slot``, or say why not.
+
+        ``catch_up``: earlier slots (oldest first) whose markers the script reads once the lease
+        is taken: Acquired.unrun lists those that never ran. ``final``: the last look of a wait
+        (buffer-one, replace): a lease still held is then recorded as this slot's skip.
+        ``skip_record``: the fields of the run record a skip of this slot writes (once per slot);
+        the script adds ``outcome`` and ``error``.
+        """
+        policy = self._policy(slot)
+        keys = [self._lease_key(slot), self.keys.fence, self.keys.meta, self.keys.runs]
         if slot is not None:
             keys.append(self.keys.slot(slot))
-        args = [self.token, self.ttl_ms, PROTOCOL, PROTOCOL_MIN, self.definition,
-                "1" if self.redefine else ""]  # fmt: skip
+        aux = self._aux_key(policy)
+        if aux is not None:
+            keys.append(aux)
+        keys += [self.keys.slot(s) for s in catch_up]
+        # buffer-one's key outlives any wait: it tells an older slot that a newer one came.
+        aux_ms = self.skip_ttl_ms if policy == "buffer" else self.aux_ms
+        args: list[Any] = [
+            self.token, self.ttl_ms, PROTOCOL, self.protocol_min, self.definition,
+            "1" if self.redefine else "", policy, "" if slot is None else slot, aux_ms,
+            self.skip_ttl_ms, "1" if final else "", self.runs_maxlen, len(catch_up), *catch_up,
+        ]  # fmt: skip
+        if skip_record is None:
+            skip_record = {"slot": "" if slot is None else slot, "holder": self.holder,
+                           "fence": 0, "exit_code": 0, "started_at": f"{clock.wall():.3f}"}  # fmt: skip
+        for name, value in skip_record.items():
+            args += [name, str(value)]
         reply = SCRIPTS["acquire"](self.client, keys, args)
         kind = _as_str(reply[0])
         if kind == "acquired":
             self.fence = int(reply[1])
-            return Acquired(fence=self.fence)
+            self.slot = slot
+            return Acquired(fence=self.fence, unrun=tuple(int(_as_str(s)) for s in reply[2:]))
         if kind == "held":
-            return Held(token=_as_str(reply[1]), ttl_ms=int(reply[2]))
+            return Held(token=_as_str(reply[1]), ttl_ms=int(reply[2]), note=_as_str(reply[3]))
         if kind == "protocol":
             raise ProtocolRefused(PROTOCOL, _as_str(reply[1]), _as_str(reply[2]), self.keys.meta)
         if kind == "definition":
             raise DefinitionConflict(self.definition, _as_str(reply[1]), self.keys.meta)
+        if kind == "paused":
+            return Paused(
+                note=_as_str(reply[1]),
+                by=_as_str(reply[2]),
+                at=_seconds_or_none(reply[3]),
+                until=_seconds_or_none(reply[4]),
+            )
         finished = _as_str(reply[2])
         return SlotDone(holder=_as_str(reply[1]), finished_at=float(finished) if finished else None)
 
     def renew(self) -> None:
-        reply = SCRIPTS["renew"](self.client, [self.keys.lease], [self.token, self.ttl_ms])
+        """Extend the lease. Under replace, raises Preempted (the lease extended all the same)
+        while a run of a newer slot asks for it."""
+        policy = self._policy(self.slot)
+        keys = [self._lease_key(self.slot)]
+        aux = self._aux_key(policy) if policy in ("replace", "slots") else None
+        if aux is not None:
+            keys.append(aux)
+        args = [self.token, self.ttl_ms, policy if aux else "",
+                "" if self.slot is None else self.slot]  # fmt: skip
+        reply = SCRIPTS["renew"](self.client, keys, args)
+        if _as_str(reply[0]) == "preempted":
+            asker = _as_str(reply[1])
+            raise Preempted(holder_of(asker), slot_of(asker))
         self._check_owner("renew", reply)
 
     def complete(
@@ -413,12 +753,14 @@ class Lease:
         marker: Fields | None = None,
         *,
         retention_ms: int | None = None,
+        keep_lease: bool = False,
     ) -> Finished:
         """Success: mark the slot done and only then delete the lease, recording the run.
 
         The marker always names the holder, the time and the token: acquire reads the first two,
         and a retried complete whose first reply was lost recognises its own token. It is kept
-        ``retention_ms`` (default the lease's ``retention_ms``).
+        ``retention_ms`` (default the lease's ``retention_ms``). ``keep_lease``: mark a slot
+        (one caught up) and keep the lease, for the run goes on.
         """
         full_marker = {
             "holder": self.holder,
@@ -434,11 +776,18 @@ class Lease:
             full_marker,
             token=self.token,
             retention_ms=retention_ms,
+            keep=keep_lease,
+            failures="reset",
         )
 
-    def release(self, record: Fields, state: Fields) -> Finished:
-        """Failure: delete the lease, write no slot marker (the retry may run it), record the run."""
-        return self._finish("release", None, record, state, None, token=self.token)
+    def release(self, record: Fields, state: Fields, *, failure: bool = False) -> Finished:
+        """Delete the lease, write no slot marker (the retry may run it), record the run.
+
+        ``failure``: the task itself failed; counted towards ``pause_after_failures``."""
+        return self._finish(
+            "release", None, record, state, None, token=self.token,
+            failures="count" if failure and self.pause_after_failures > 0 else "",
+        )  # fmt: skip
 
     def record(self, record: Fields, state: Fields, *, fenced: bool = True) -> Finished:
         """Record an outcome whose lease is already gone (lost, or left to expire).
@@ -459,14 +808,21 @@ class Lease:
         token: str,
         fenced: bool = True,
         retention_ms: int | None = None,
+        keep: bool = False,
+        failures: str = "",
     ) -> Finished:
         retention_ms = self.retention_ms if retention_ms is None else retention_ms
-        keys = [self.keys.lease, self.keys.runs, self.keys.state]
+        keys = [self._lease_key(self.slot), self.keys.runs, self.keys.state, self.keys.meta]
         if slot is not None:
             keys.append(self.keys.slot(slot))
+        shown = token != "" and self._policy(self.slot) == "slots"
+        if shown:
+            keys.append(self.keys.lease)
         # The state hash takes the fence of the state written, else this lease's own.
         fence = state.get("last_fence", self.fence) if fenced else ""
-        args = [token, self.runs_maxlen, retention_ms, fence]
+        args = [token, self.runs_maxlen, retention_ms, fence, "1" if keep else "",
+                "1" if slot is not None else "", "1" if shown else "", failures,
+                self.pause_after_failures, self.holder, PROTOCOL_MIN_OVERLAP]  # fmt: skip
         args += _flatten(record) + _flatten(state) + _flatten(marker)
         reply = SCRIPTS["finish"](self.client, keys, args)
         self._check_owner(operation, reply)
@@ -486,7 +842,7 @@ class Lease:
                     "without +scan will not list it (the ACL needs +sadd)",
                     extra={"event": "index_failed", "task": self.keys.task},
                 )
-        return Finished(stale_state=stale)
+        return Finished(stale_state=stale, paused=len(reply) > 4 and _as_str(reply[4]) == "paused")
 
     def index(self) -> None:
         """Add the task to its scope's index, then mark it so in its state hash: once per

@@ -24,9 +24,16 @@ from typing import Final, NamedTuple
 from runner import clock
 from runner.config.settings import Settings
 from runner.errors import EXIT_LEASE_LOST, EXIT_OK, Terminated
-from runner.lease.scripts import Acquired, AcquireResult, Held, SlotDone
+from runner.lease.scripts import Acquired, AcquireResult, Held, Paused, SlotDone
 from runner.logs import RunLogger
-from runner.outcomes import SKIPPED_DONE, SKIPPED_HELD, SKIPPED_STALE, TOO_LATE, exit_code
+from runner.outcomes import (
+    PAUSED,
+    SKIPPED_DONE,
+    SKIPPED_HELD,
+    SKIPPED_STALE,
+    TOO_LATE,
+    exit_code,
+)
 from runner.schedule.jobname import utc
 from runner.schedule.slots import stale_slot_reason
 
@@ -162,7 +169,15 @@ class Policy:
                 return HolderAlive(got)  # renewed since the last look: it is running
             seen = got  # the same holder running down, or a new holder of this slot
 
-    def _skipped(self, got: Held | SlotDone | HolderAlive | HolderUnconfirmed) -> Skip:
+    def _skipped(self, got: Held | SlotDone | Paused | HolderAlive | HolderUnconfirmed) -> Skip:
+        if isinstance(got, Paused):
+            until = f" until {utc(got.until)}" if got.until else ""
+            reason = f"paused by {got.by or '?'}{until}" + (f": {got.note}" if got.note else "")
+            self.log.info(
+                f"skipped: the task is {reason}",
+                extra={"event": "skipped", "outcome": PAUSED, "exit_code": EXIT_OK},
+            )
+            return Skip(PAUSED, EXIT_OK, reason, logged=True)
         if isinstance(got, HolderUnconfirmed):
             reason = (
                 f"a run of this slot by {got.held.holder} holds the lease and neither renewed nor "

@@ -30,7 +30,7 @@ STRIP = 30
 DURATION_BUCKETS = (1, 5, 15, 30, 60, 120, 300, 600, 1800, 3600, 7200, 21600, float("inf"))
 #: Enqueue-to-start buckets (seconds): a worker's poll interval to a backlog of minutes.
 LATENCY_BUCKETS = (0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 900, float("inf"))
-FAILURES = frozenset({"failed", "lease_lost", "terminated", "unavailable"})
+FAILURES = frozenset({"failed", "lease_lost", "terminated", "unavailable", "replaced"})
 
 
 @dataclass

@@ -12,6 +12,7 @@ from runner.outcomes import (
     FAILED,
     LEASE_LOST,
     OUTCOMES,
+    REPLACED,
     SKIPPED_HELD,
     TERMINATED,
     UNAVAILABLE,
@@ -25,7 +26,7 @@ def test_each_outcome_is_a_skip_a_success_or_a_failure() -> None:
     for name, row in OUTCOMES.items():
         assert not (row.skip and row.success), name
     failures = {name for name in OUTCOMES if is_failure(name)}
-    assert failures == {FAILED, LEASE_LOST, TERMINATED, UNAVAILABLE}
+    assert failures == {FAILED, LEASE_LOST, TERMINATED, UNAVAILABLE, REPLACED}
     assert not any(is_skip(name) for name in failures)
 
 
