@@ -69,7 +69,7 @@ def _child(
         code = serve(settings, qs, served, worker_id=worker_id, stop=stop)
     except CronRunnerError as exc:
         # As the CLI edge does for one process: no traceback, and the code says which fault,
-        # so that the supervisor can pass a 2 (configuration) or a 3 (Redis unreachable) on.
+        # so that the supervisor can pass a 78 (configuration) or a 69 (Redis unreachable) on.
         log.error(str(exc), extra={"event": "error", "exit_code": exc.exit_code})
         code = exc.exit_code
     except Exception:
@@ -82,7 +82,7 @@ def _child(
 def supervise(settings: Settings, qs: QueueSettings, registry: Registry) -> int:
     """``--processes N``: N forked worker processes. SIGTERM is passed on; if one dies on its
     own, the others are stopped too and the exit is non-zero, so that the pod restarts
-    visibly rather than running short-handed: the child's own 2 (configuration) or 3 (Redis
+    visibly rather than running short-handed: the child's own 78 (configuration) or 69 (Redis
     unreachable) as with one process, else 1."""
     served = plan(registry, qs)
     start_metrics = prepare_metrics(qs.metrics_port) if qs.metrics_port is not None else None
