@@ -109,7 +109,7 @@ def test_defaults_forbid_overlap_and_fail_fast_on_config_errors(chart: Chart) ->
                 "onExitCodes": {
                     "containerName": container(cj)["name"],
                     "operator": "In",
-                    "values": [64, 78, 126, 127],
+                    "values": [64, 78, 79, 126, 127],
                 },
             },
             {
