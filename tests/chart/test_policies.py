@@ -379,7 +379,7 @@ def test_a_catchup_window_within_the_slot_retention_renders(chart: Chart) -> Non
     assert policy_env(report(chart, task_values(task)))["CRON_RUNNER_CATCHUP"] == "latest"
 
 
-# --- podFailurePolicy -----------------------------------------------------------------------
+# --- podFailurePolicy and NOTES -------------------------------------------------------------
 
 
 def test_a_replaced_slot_fails_its_job_at_once(chart: Chart) -> None:
@@ -388,3 +388,60 @@ def test_a_replaced_slot_fails_its_job_at_once(chart: Chart) -> None:
         rules = cj["spec"]["jobTemplate"]["spec"]["podFailurePolicy"]["rules"]
         fail_job = next(r for r in rules if r["action"] == "FailJob")
         assert 79 in fail_job["onExitCodes"]["values"]
+
+
+def test_notes_show_each_tasks_policies(chart: Chart) -> None:
+    notes = render(chart, ci_values(POLICIES)).notes
+    expected = {
+        "sync": [
+            "Overlap:    buffer-one, waiting at most 10m; concurrencyPolicy Allow",
+            "Catch-up:   none (default)",
+            "Pause:      after 5 failed runs in a row, everywhere; `cron-runner resume sync` ends it",
+        ],
+        "rebuild-index": ["Overlap:    replace, waiting at most 2m; concurrencyPolicy Replace"],
+        "crawl": [
+            "Overlap:    allow-other-slots, waiting at most 10m; concurrencyPolicy Allow",
+            "Pause:      never\n",
+        ],
+        "billing": [
+            "Overlap:    skip, waiting at most 10m; concurrencyPolicy Forbid",
+            "Catch-up:   every missed slot within 6h, oldest first",
+        ],
+        "digest": [
+            "Catch-up:   the latest missed slot within 36h",
+            "Rate limit: at most 10 starts in any 1m, across every worker",
+        ],
+    }
+    for task, lines in expected.items():
+        block = notes.split(f"\n  {task}: ", 1)[1].split("\n\n", 1)[0] + "\n"
+        for line in lines:
+            assert f"    {line}" in block, (task, line, block)
+    assert "WARNING" not in notes
+
+
+def test_notes_show_the_defaults_and_no_rate_limit_for_a_task_run_in_its_pod(
+    chart: Chart,
+) -> None:
+    notes = render(chart, task_values({"overlapWait": 90, "catchupWindow": 3600})).notes
+    assert "Overlap:    skip (default), waiting at most 90s; concurrencyPolicy Forbid" in notes
+    assert "Catch-up:   none (default), window 3600s" in notes
+    assert "Pause:      never (default)" in notes
+    assert "Rate limit" not in notes
+    notes = render(chart, task_values(ENQUEUE)).notes
+    assert "Rate limit: none (default)" in notes
+
+
+def test_notes_warn_about_replace_without_overlap(chart: Chart) -> None:
+    # Kubernetes stops the running pod and the new slot finds the lease held: neither finishes.
+    notes = render(chart, task_values({"concurrencyPolicy": "Replace"})).notes
+    assert (
+        "WARNING: task report has concurrencyPolicy Replace and no overlap in the values" in notes
+    )
+    assert "(unless its @task(overlap=) says otherwise)" in notes
+    assert "Set overlap:\nreplace" in notes
+    command_task = {"schedule": "0 * * * *", "command": ["x"], "concurrencyPolicy": "Replace"}
+    command = render(chart, {"redis": REDIS, "tasks": {"report": command_task}})
+    assert "WARNING: task report has concurrencyPolicy Replace" in command.notes
+    assert "@task(overlap=)" not in command.notes
+    agreed = task_values({"overlap": "replace", "concurrencyPolicy": "Replace"})
+    assert "WARNING" not in render(chart, agreed).notes
