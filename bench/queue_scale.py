@@ -186,8 +186,10 @@ def _env(url: str, **extra: str) -> dict[str, str]:
 
 
 def run_cron_runner(jobs: int, workers: int, threads: int, kill: int, kill_at: float) -> Result:
+    from runner.config.queue import QueueSettings  # noqa: PLC0415
     from runner.config.settings import load_settings  # noqa: PLC0415
-    from runner.queue.producer import Producer, QueueSettings, queue_stats  # noqa: PLC0415
+    from runner.queue.producer import Producer  # noqa: PLC0415
+    from runner.queue.stats import queue_stats  # noqa: PLC0415
 
     result = Result("cron-runner (Dramatiq)", jobs, workers, threads, kill)
     with RedisServer(appendonly=True) as server:

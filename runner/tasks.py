@@ -18,7 +18,8 @@ from importlib.metadata import entry_points
 from types import ModuleType
 from typing import Any, NamedTuple
 
-from runner.config.settings import OVERLAPS, parse_duration
+from runner.config.settings import OVERLAPS
+from runner.config.sources import parse_duration
 from runner.errors import Cancelled, ConfigError, UnknownTask
 from runner.keys import validate_name
 
@@ -37,7 +38,7 @@ class QueueOptions(NamedTuple):
     """How queue mode sends and retries a task (CRON_RUNNER_MODE=enqueue, ``cron-runner worker``).
 
     They live with the code because the CronJob that enqueues and the worker that runs
-    both import it. ``None`` means the worker's default (runner/queue.py).
+    both import it. ``None`` means the worker's default (runner/config/queue.py).
     """
 
     queue: str | None = None

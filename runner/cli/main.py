@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 
 from runner import __version__, logs
 from runner.config.settings import Settings, load_settings, task_environment, url_has_password
+from runner.config.sources import FLAG_DEST_PREFIX, setting_flags
 from runner.errors import ConfigError, CronRunnerError, Terminated, UsageError
 
 if TYPE_CHECKING:
@@ -104,16 +105,10 @@ def _add_setting_flags(parser: argparse.ArgumentParser, names: Sequence[str]) ->
     for name in names:
         parser.add_argument(
             "--" + name.lower().replace("_", "-"),
-            dest=f"setting_{name}",
+            dest=FLAG_DEST_PREFIX + name,
             metavar=name.rsplit("_", 1)[-1],
             help=f"{SETTING_FLAGS[name]} [CRON_RUNNER_{name}]",
         )
-
-
-def _flags(args: argparse.Namespace) -> dict[str, str | None]:
-    return {
-        k.removeprefix("setting_"): v for k, v in vars(args).items() if k.startswith("setting_")
-    }
 
 
 class _Parser(argparse.ArgumentParser):
@@ -416,7 +411,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if not getattr(args, "handler", None):
             parser.print_help(sys.stderr)
             return UsageError.exit_code
-        flags = _flags(args)
+        flags = setting_flags(args)
         settings = load_settings(os.environ, flags)
         logs.setup(settings.log.format, settings.log.level)
         if url_has_password(flags.get("REDIS_URL") or ""):

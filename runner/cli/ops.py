@@ -14,7 +14,8 @@ from contextlib import contextmanager
 from typing import Any
 
 from runner import clock
-from runner.config.settings import Settings, parse_duration
+from runner.config.settings import Settings
+from runner.config.sources import parse_duration
 from runner.errors import ConfigError, StoreUnavailable, UnknownTask, UsageError
 
 AddFlags = Callable[[argparse.ArgumentParser, Sequence[str]], None]
@@ -280,25 +281,21 @@ def add_commands(sub: Any, add_flags: AddFlags) -> None:
 
 @contextmanager
 def _connected(settings: Settings, what: str) -> Iterator[Any]:
-    """A client that has answered a PING within the connect deadline (exit 69 if not)."""
+    """A client that has answered a PING within the connect deadline (exit 69 if not); Redis
+    lost or refusing later is exit 69 or 78 too, not a traceback."""
     from redis.exceptions import ConnectionError as RedisConnectionError  # noqa: PLC0415
     from redis.exceptions import NoPermissionError, TimeoutError  # noqa: PLC0415
 
     from runner.lease import store  # noqa: PLC0415
 
     where = settings.redis.display_target
-    client = store.connect(settings.redis, settings.lease.ttl_s)
-    try:
-        deadline = clock.monotonic() + settings.redis.connect_timeout_s
-        store.with_deadline(client.ping, deadline_s=deadline, what=what, where=where)
+    with store.connected(settings.redis, what) as client:
         try:
             yield client
         except (RedisConnectionError, TimeoutError) as exc:
             raise StoreUnavailable(f"{what}: lost Redis at {where}: {exc}") from exc
         except NoPermissionError as exc:
             raise ConfigError(f"{what}: the ACL user may not do this at {where}: {exc}") from exc
-    finally:
-        client.close()
 
 
 def _write(text: str) -> None:
@@ -327,7 +324,7 @@ def cmd_status(args: argparse.Namespace, settings: Settings) -> int:
     from runner.keys import validate_name  # noqa: PLC0415
     from runner.ops import report  # noqa: PLC0415
     from runner.ops.state import Reader  # noqa: PLC0415
-    from runner.queue import producer as queue  # noqa: PLC0415 - queue mode's counts; no Dramatiq import
+    from runner.queue import stats as queue  # noqa: PLC0415 - queue mode's counts; no Dramatiq import
 
     if args.task is not None:
         validate_name("TASK", args.task)
@@ -408,6 +405,7 @@ def _require_force(args: argparse.Namespace, command: str, why: str) -> None:
 
 def cmd_unlock(args: argparse.Namespace, settings: Settings) -> int:
     from runner.keys import TaskKeys  # noqa: PLC0415
+    from runner.lease import journal  # noqa: PLC0415
     from runner.lease.scripts import holder_of, unlock  # noqa: PLC0415
     from runner.ops import report  # noqa: PLC0415
 
@@ -419,12 +417,7 @@ def cmd_unlock(args: argparse.Namespace, settings: Settings) -> int:
     )
     lease = settings.lease
     keys = TaskKeys(lease.prefix, lease.scope, args.task)
-    record: dict[str, str | int | float] = {
-        "outcome": "unlocked",
-        "holder": lease.holder,
-        "started_at": f"{clock.wall():.3f}",
-        "duration_ms": 0,
-    }
+    record = journal.admin_record("unlocked", lease.holder, clock.wall())
     with _connected(settings, "unlock") as client:
         result, token = unlock(client, keys, record, holder=args.holder)
     found = report.printable(holder_of(token)) if token else None
@@ -592,6 +585,7 @@ def cmd_watchdog(args: argparse.Namespace, settings: Settings) -> int:
 
 def cmd_ack(args: argparse.Namespace, settings: Settings) -> int:
     from runner.keys import validate_name  # noqa: PLC0415
+    from runner.lease import journal  # noqa: PLC0415
     from runner.ops import report  # noqa: PLC0415
     from runner.ops.state import Reader  # noqa: PLC0415
 
@@ -601,12 +595,7 @@ def cmd_ack(args: argparse.Namespace, settings: Settings) -> int:
                           "2026-01-01T10:00:00Z")  # fmt: skip
     lease = settings.lease
     now_s = clock.wall()
-    record = {
-        "outcome": "acknowledged",
-        "holder": lease.holder,
-        "started_at": f"{now_s:.3f}",
-        "duration_ms": "0",
-    }
+    record = journal.admin_record("acknowledged", lease.holder, now_s)
     with _connected(settings, "ack") as client:
         reader = Reader(client, lease.prefix, lease.scope)
         # Judge what passed since the last watchdog first, so a slot `status` lists is here.

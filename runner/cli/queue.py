@@ -40,12 +40,6 @@ environment (flags win):
 """
 
 
-def _queue_flags(args: argparse.Namespace) -> dict[str, str | None]:
-    return {
-        k.removeprefix("setting_"): v for k, v in vars(args).items() if k.startswith("setting_")
-    }
-
-
 def add_commands(sub: Any, add_flags: AddFlags) -> None:
     fmt = argparse.RawDescriptionHelpFormatter
     p = sub.add_parser(
@@ -118,7 +112,8 @@ class _JoinQueues(argparse.Action):
 
 def enqueue_target(settings: Settings, spec: TaskSpec) -> Any:
     """The target of ``cron-runner run TASK`` in enqueue mode (CRON_RUNNER_MODE=enqueue)."""
-    from runner.queue.producer import EnqueueTarget, load_queue_settings  # noqa: PLC0415
+    from runner.config.queue import load_queue_settings  # noqa: PLC0415
+    from runner.queue.enqueue import EnqueueTarget  # noqa: PLC0415
     from runner.schedule.slots import retention_s  # noqa: PLC0415
 
     if spec.source.startswith("reference"):
@@ -131,13 +126,14 @@ def enqueue_target(settings: Settings, spec: TaskSpec) -> Any:
 
 
 def cmd_worker(args: argparse.Namespace, settings: Settings) -> int:
-    from runner.queue.producer import load_queue_settings, refuse_cluster  # noqa: PLC0415
+    from runner.config.queue import load_queue_settings, refuse_cluster  # noqa: PLC0415
+    from runner.config.sources import setting_flags  # noqa: PLC0415
     from runner.tasks import Registry  # noqa: PLC0415
 
     refuse_cluster(settings)
-    qs = load_queue_settings(settings, os.environ, _queue_flags(args))
+    qs = load_queue_settings(settings, os.environ, setting_flags(args))
     registry = Registry.discover(settings.run.task_modules)
-    from runner.queue.worker import supervise  # noqa: PLC0415 - imports Dramatiq
+    from runner.queue.supervisor import supervise  # noqa: PLC0415 - imports Dramatiq
 
     return supervise(settings, qs, registry)
 
@@ -145,7 +141,7 @@ def cmd_worker(args: argparse.Namespace, settings: Settings) -> int:
 def _task_queue(settings: Settings, task: str, queue: str | None) -> str:
     from runner.errors import UnknownTask  # noqa: PLC0415
     from runner.keys import validate_name  # noqa: PLC0415
-    from runner.queue.producer import registered_queue  # noqa: PLC0415
+    from runner.queue.options import registered_queue  # noqa: PLC0415
     from runner.tasks import Registry  # noqa: PLC0415
 
     validate_name("TASK", task)
@@ -163,21 +159,19 @@ def _task_queue(settings: Settings, task: str, queue: str | None) -> str:
 
 
 def cmd_dlq(args: argparse.Namespace, settings: Settings) -> int:
-    from runner import clock  # noqa: PLC0415
+    from runner.config.queue import load_queue_settings, refuse_cluster  # noqa: PLC0415
     from runner.lease import store  # noqa: PLC0415
-    from runner.queue import producer as queue  # noqa: PLC0415
+    from runner.queue import dlq  # noqa: PLC0415
 
-    queue.refuse_cluster(settings)
-    qs = queue.load_queue_settings(settings, os.environ)
+    refuse_cluster(settings)
+    qs = load_queue_settings(settings, os.environ)
     task_queue = _task_queue(settings, args.task, args.queue)
-    client = store.connect(settings.redis, settings.lease.ttl_s)
-    try:
-        deadline = clock.monotonic() + settings.redis.connect_timeout_s
-        letters = store.with_deadline(
-            lambda: queue.dead_letters(client, qs.namespace, task_queue, args.task),
-            deadline_s=deadline,
+    # No PING: reading the dead letters is the first call, under the connect deadline.
+    with store.connected(settings.redis, "dlq", ping=False) as client:
+        letters = store.within_connect_deadline(
+            settings.redis,
+            lambda: dlq.dead_letters(client, qs.namespace, task_queue, args.task),
             what="dlq",
-            where=settings.redis.display_target,
         )
         out = sys.stdout
         if args.dlq_action == "list":
@@ -188,17 +182,17 @@ def cmd_dlq(args: argparse.Namespace, settings: Settings) -> int:
                 f"{'MESSAGE ID':<36}  {'DEAD SINCE':<20}  {'ATTEMPTS':>8}  {'SLOT':<20}  ERROR\n"
             )
             for d in letters:
-                slot = queue.utc(d.slot) if isinstance(d.slot, int) else "manual"
-                out.write(f"{d.message_id:<36}  {queue.utc(d.dead_at):<20}  {d.attempts:>8}  "
+                slot = dlq.utc(d.slot) if isinstance(d.slot, int) else "manual"
+                out.write(f"{d.message_id:<36}  {dlq.utc(d.dead_at):<20}  {d.attempts:>8}  "
                           f"{slot:<20}  {d.error[:120]}\n")  # fmt: skip
             return 0
         if args.dlq_action == "show":
-            letter = queue.find_dead(letters, args.ids[0])
-            shown = dict(letter.raw, dead_at=queue.utc(letter.dead_at), queue_name=letter.queue)
+            letter = dlq.find_dead(letters, args.ids[0])
+            shown = dict(letter.raw, dead_at=dlq.utc(letter.dead_at), queue_name=letter.queue)
             out.write(json.dumps(shown, indent=2, default=str) + "\n")
             return 0
         if args.ids:
-            chosen = [queue.find_dead(letters, i) for i in args.ids]
+            chosen = [dlq.find_dead(letters, i) for i in args.ids]
         elif args.all:
             chosen = letters
         else:
@@ -207,13 +201,11 @@ def cmd_dlq(args: argparse.Namespace, settings: Settings) -> int:
                 f"({len(letters)} dead letter(s) for task {args.task})"
             )
         if args.dlq_action == "retry":
-            sent = queue.retry_dead(client, qs, chosen)
+            sent = dlq.retry_dead(client, qs, chosen)
             out.write(f"sent back to queue {task_queue}: {len(sent)}\n")
             for message_id in sent:
                 out.write(f"  {message_id}\n")
         else:
-            removed = queue.purge_dead(client, qs.namespace, chosen)
+            removed = dlq.purge_dead(client, qs.namespace, chosen)
             out.write(f"purged from the dead-letter queue of {task_queue}: {removed}\n")
         return 0
-    finally:
-        client.close()

@@ -1,6 +1,8 @@
-"""Typed, grouped settings, built once at the CLI edge from flags, then ``CRON_RUNNER_*``, then defaults.
+"""Typed, grouped settings, built once at the CLI edge from flags, then ``CRON_RUNNER_*``, then
+defaults (docs/design.md).
 
-A bad value raises ``ConfigError`` naming the flag or variable it came from and the accepted form.
+A bad value raises ``ConfigError`` naming the flag or variable it came from and the accepted
+form (runner.config.sources reads the text; runner.config.timings derives the lease's timings).
 """
 
 from __future__ import annotations
@@ -13,19 +15,17 @@ from collections.abc import Mapping
 from typing import NamedTuple
 from urllib.parse import SplitResult, parse_qsl, unquote, urlencode, urlsplit
 
+from runner.config.sources import (
+    DURATION_FORM,
+    ENV_PREFIX,
+    Source,
+    parse_duration,
+    whole_number,
+)
+from runner.config.timings import MIN_TTL_S, LeaseTimings
 from runner.errors import ConfigError
 from runner.keys import PREFIX_RE, validate_name
 
-ENV_PREFIX = "CRON_RUNNER_"
-MIN_TTL_S = 1.0
-MAX_DURATION_S = 10 * 365 * 86400.0
-
-# [0-9], not \d: \d also matches Arabic-Indic and fullwidth digits, which float() reads.
-_DURATION_RE = re.compile(r"^[ \t]*([0-9]+(?:\.[0-9]+)?)[ \t]*(ms|s|m|h)?[ \t]*\Z")
-_UNIT_S = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, None: 1.0}
-DURATION_FORM = "a number of seconds or a number with a unit: '30', '30s', '1m', '500ms', '1h'"
-_TRUE = {"1", "true", "yes", "on"}
-_FALSE = {"0", "false", "no", "off", ""}
 _SECRETS = frozenset({"password", "sentinel_password"})
 # The overlap policies: what a run does when an earlier slot still holds the lease
 # (docs/design.md, Overlap policies). The lease scripts speak them (runner.lease.scripts).
@@ -45,17 +45,6 @@ CREDENTIAL_VARIABLES = tuple(
 # let '?socket_timeout=' override the timeouts the lease depends on.
 _URL_CREDENTIAL_OPTIONS = ("username", "password")
 _URL_SECRET_RE = re.compile(r"([?&](?:[^=&#]*password)=)[^&#]*", re.IGNORECASE)
-
-
-def parse_duration(value: str, origin: str) -> float:
-    match = _DURATION_RE.match(value)
-    if not match:
-        raise ConfigError(f"{origin}={value!r} is not a duration: expected {DURATION_FORM}")
-    seconds = float(match.group(1)) * _UNIT_S[match.group(2)]
-    # A float from 400 digits is inf; Redis refuses expiry times past its own range anyway.
-    if seconds > MAX_DURATION_S:
-        raise ConfigError(f"{origin}={value[:40]!r} is too large: expected at most 10 years")
-    return seconds
 
 
 # Named tuples rather than dataclasses: as immutable and as typed, and created in a tenth of the
@@ -111,7 +100,9 @@ class LeaseSettings(NamedTuple):
 
     @property
     def held_wait(self) -> float:
-        return self.held_wait_s if self.held_wait_s is not None else self.ttl_s + 10.0
+        return (
+            self.held_wait_s if self.held_wait_s is not None else self.timings.default_held_wait_s
+        )
 
     @property
     def overlap_policy(self) -> str:
@@ -123,6 +114,10 @@ class LeaseSettings(NamedTuple):
     @property
     def ttl_ms(self) -> int:
         return int(self.ttl_s * 1000)
+
+    @property
+    def timings(self) -> LeaseTimings:
+        return LeaseTimings(self.ttl_s)
 
 
 class SlotSettings(NamedTuple):
@@ -239,65 +234,6 @@ def _without_credentials(url: str) -> str:
     return parts._replace(netloc=parts.netloc.rpartition("@")[2], query=urlencode(query)).geturl()
 
 
-class _Source:
-    """Looks a setting up in the flags, then the environment, and remembers where it came from."""
-
-    def __init__(self, env: Mapping[str, str], flags: Mapping[str, str | None]) -> None:
-        self.env = env
-        self.flags = flags
-
-    def get(self, name: str) -> tuple[str | None, str]:
-        """(value, origin) for ``name`` without the prefix, e.g. 'LEASE_TTL'."""
-        flag = self.flags.get(name)
-        if flag is not None:
-            return flag, "--" + name.lower().replace("_", "-")
-        var = ENV_PREFIX + name
-        value = self.env.get(var)
-        if value is not None and value.strip() != "":
-            return value.strip(), var
-        return None, var
-
-    def duration(
-        self, name: str, default: float, *, minimum_s: float = 0.0, zero: bool = False
-    ) -> float:
-        value, origin = self.get(name)
-        if value is None:
-            return default
-        seconds = parse_duration(value, origin)
-        if zero and seconds == 0:
-            return seconds
-        if seconds < minimum_s or seconds <= 0:
-            raise ConfigError(
-                f"{origin}={value!r} is too small: expected at least {minimum_s or 0.001:g}s"
-            )
-        return seconds
-
-    def boolean(self, name: str, default: bool) -> bool:
-        value, origin = self.get(name)
-        if value is None:
-            return default
-        if value.lower() in _TRUE:
-            return True
-        if value.lower() in _FALSE:
-            return False
-        raise ConfigError(f"{origin}={value!r} is not a boolean: expected true or false")
-
-    def choice(self, name: str, default: str, choices: tuple[str, ...]) -> str:
-        value, origin = self.get(name)
-        if value is None:
-            return default
-        if value.lower() not in choices:
-            raise ConfigError(
-                f"{origin}={value!r} is not valid: expected one of {', '.join(choices)}"
-            )
-        return value.lower()
-
-
-def _whole_number(text: str) -> bool:
-    """ASCII digits, not too many: str.isdigit() also accepts '²', which int() refuses."""
-    return text.isascii() and text.isdigit() and len(text) <= 9
-
-
 def _split_url(url: str, origin: str, form: str) -> SplitResult:
     try:
         return urlsplit(url)
@@ -305,7 +241,7 @@ def _split_url(url: str, origin: str, form: str) -> SplitResult:
         raise ConfigError(f"{origin} is not a valid URL ({exc}): expected {form}") from exc
 
 
-def _redis(src: _Source) -> RedisSettings:
+def _redis(src: Source) -> RedisSettings:
     url, origin = src.get("REDIS_URL")
     url = url or DEFAULTS.redis.url
     form = (
@@ -323,7 +259,7 @@ def _redis(src: _Source) -> RedisSettings:
         if not item.strip():
             continue
         host, sep, port_s = item.strip().rpartition(":")
-        if not sep or not host or not _whole_number(port_s) or not 0 < int(port_s) < 65536:
+        if not sep or not host or not whole_number(port_s) or not 0 < int(port_s) < 65536:
             raise ConfigError(
                 f"{sentinels_origin} entry {item.strip()!r} is not valid: expected host:port[,host:port...]"
             )
@@ -332,7 +268,7 @@ def _redis(src: _Source) -> RedisSettings:
     master, _ = src.get("REDIS_SENTINEL_MASTER")
     sentinel_password = _secret(src, "REDIS_SENTINEL_PASSWORD")
     min_replicas_raw, min_origin = src.get("REDIS_MIN_REPLICAS")
-    if min_replicas_raw is not None and not _whole_number(min_replicas_raw):
+    if min_replicas_raw is not None and not whole_number(min_replicas_raw):
         raise ConfigError(
             f"{min_origin}={min_replicas_raw!r} is not valid: expected a whole number >= 0"
         )
@@ -382,7 +318,7 @@ def _check_url(parts: SplitResult, where: str, form: str) -> dict[str, str]:
     if parts.scheme == "unix" and not parts.path:
         raise ConfigError(f"{where} has no socket path: expected {form}")
     db = parts.path.strip("/") if parts.scheme != "unix" else ""
-    if db and not _whole_number(db):
+    if db and not whole_number(db):
         raise ConfigError(f"{where} has a bad database {db!r}: expected a number")
     return _url_options(parts.query, where)
 
@@ -433,7 +369,7 @@ def _check_host(host: str, where: str) -> None:
 _SECRET_FILE_MAX_CHARS = 4096
 
 
-def _secret(src: _Source, name: str) -> str | None:
+def _secret(src: Source, name: str) -> str | None:
     """A password from ``CRON_RUNNER_<name>``, or read from the file ``CRON_RUNNER_<name>_FILE``
     names (a mounted Secret: nothing in the environment for a task or `ps e` to read)."""
     value, origin = src.get(name)
@@ -493,7 +429,7 @@ def default_holder() -> str:
     return f"{socket.gethostname()}:{os.getpid()}"
 
 
-def _lease(src: _Source) -> LeaseSettings:
+def _lease(src: Source) -> LeaseSettings:
     ttl_raw, ttl_origin = src.get("LEASE_TTL")
     ttl_s = DEFAULTS.lease.ttl_s
     if ttl_raw is not None:
@@ -526,7 +462,7 @@ def _lease(src: _Source) -> LeaseSettings:
         validate_name(cluster_origin, cluster_name)
         holder = f"{cluster_name}/{holder}"
     history_raw, history_origin = src.get("HISTORY_LENGTH")
-    if history_raw is not None and not (_whole_number(history_raw) and int(history_raw) >= 100):
+    if history_raw is not None and not (whole_number(history_raw) and int(history_raw) >= 100):
         raise ConfigError(
             f"{history_origin}={history_raw!r} is not valid: expected a whole number of runs, "
             "at least 100 (Redis trims a stream 100 entries at a time)"
@@ -536,14 +472,8 @@ def _lease(src: _Source) -> LeaseSettings:
         prefix=prefix or DEFAULTS.lease.prefix,
         scope=scope or DEFAULTS.lease.scope,
         holder=holder,
-        slot_retention_s=(
-            src.duration("SLOT_RETENTION", 0.0, minimum_s=60.0)
-            if src.get("SLOT_RETENTION")[0] is not None
-            else None
-        ),
-        held_wait_s=(
-            src.duration("HELD_WAIT", 0.0) if src.get("HELD_WAIT")[0] is not None else None
-        ),
+        slot_retention_s=src.optional_duration("SLOT_RETENTION", minimum_s=60.0),
+        held_wait_s=src.optional_duration("HELD_WAIT"),
         redefine=src.boolean("REDEFINE", False),
         history_length=int(history_raw or DEFAULTS.lease.history_length),
         overlap=src.choice("OVERLAP", "", OVERLAPS) or None,
@@ -553,7 +483,7 @@ def _lease(src: _Source) -> LeaseSettings:
     )
 
 
-def _slots(src: _Source) -> SlotSettings:
+def _slots(src: Source) -> SlotSettings:
     tz, tz_origin = src.get("TIMEZONE")
     if tz is not None:
         # Here, not at the top: zoneinfo costs about 1.5 ms of every start, and most runs
@@ -606,7 +536,7 @@ def _rfc3339(value: str, origin: str) -> float:
         ) from exc
 
 
-def _telemetry(src: _Source) -> TelemetrySettings:
+def _telemetry(src: Source) -> TelemetrySettings:
     """On per signal when its endpoint (or the shared one) is set and its exporter is not 'none'."""
 
     def otel(name: str) -> str:
@@ -629,7 +559,7 @@ def _telemetry(src: _Source) -> TelemetrySettings:
     )
 
 
-def _ping_url(src: _Source) -> str | None:
+def _ping_url(src: Source) -> str | None:
     value, origin = src.get("PING_URL")
     if value is None:
         return None
@@ -654,7 +584,7 @@ def _ping_url(src: _Source) -> str | None:
     return value.rstrip("/")
 
 
-def _ping_timeout(src: _Source) -> float:
+def _ping_timeout(src: Source) -> float:
     seconds = src.duration("PING_TIMEOUT", DEFAULTS.run.ping_timeout_s, minimum_s=0.1)
     if seconds > 60:
         _, origin = src.get("PING_TIMEOUT")
@@ -669,7 +599,7 @@ def load_settings(
     env: Mapping[str, str], flags: Mapping[str, str | None] | None = None
 ) -> Settings:
     """Flags are keyed like the variables without ``CRON_RUNNER_`` (e.g. ``{"LEASE_TTL": "5s"}``)."""
-    src = _Source(env, flags or {})
+    src = Source(env, flags or {})
     modules_raw, _ = src.get("TASK_MODULES")
     log_format_default = "text" if sys.stderr.isatty() else "json"
     settings = Settings(
@@ -681,9 +611,7 @@ def load_settings(
             mode=src.choice("MODE", "run", ("run", "enqueue")),
             task_modules=tuple(m.strip() for m in (modules_raw or "").split(",") if m.strip()),
             share_credentials=src.boolean("TASK_SHARES_CREDENTIALS", False),
-            max_runtime_s=src.duration("MAX_RUNTIME", 0.0, minimum_s=1.0)
-            if src.get("MAX_RUNTIME")[0] is not None
-            else None,
+            max_runtime_s=src.optional_duration("MAX_RUNTIME", minimum_s=1.0),
             ping_url=_ping_url(src),
             ping_timeout_s=_ping_timeout(src),
         ),
@@ -702,7 +630,7 @@ def load_settings(
     return settings
 
 
-def _checked_schedule(src: _Source, slots: SlotSettings) -> SlotSettings:
+def _checked_schedule(src: Source, slots: SlotSettings) -> SlotSettings:
     """Validate the schedule now (bad cron, tolerance too large) so the error names the setting.
 
     The default tolerance (30 s) is not below half of a one-minute gap: for such schedules the

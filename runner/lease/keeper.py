@@ -1,4 +1,5 @@
-"""The keeper: renews the lease on an interruptible wait and says when it is lost.
+"""The keeper: renews the lease on an interruptible wait and says when it is lost
+(docs/design.md; the intervals are runner.config.timings').
 
 Two local instants, both on ``clock.monotonic()`` and measured from when the last
 confirmed renewal was *sent* (Redis set its expiry no earlier than that):
@@ -26,15 +27,11 @@ from collections.abc import Callable
 from redis.exceptions import RedisError
 
 from runner import clock
+from runner.config.timings import LeaseTimings
 from runner.errors import LeaseNotOwned, Preempted
 from runner.lease.scripts import Lease
 
 log = logging.getLogger("runner.keeper")
-
-
-def drift_margin_s(ttl_s: float) -> float:
-    """Room for clock-rate drift between us and Redis, and for the kill to land."""
-    return max(0.1, ttl_s * 0.05)
 
 
 class Keeper:
@@ -53,8 +50,9 @@ class Keeper:
         # A run passes its own (runner.logs.RunLogger), so these lines carry its fields too.
         self.log = logger
         self.ttl_s = ttl_s
-        self.renew_interval_s = renew_interval_s or ttl_s / 3
-        self.margin_s = drift_margin_s(ttl_s)
+        timings = LeaseTimings(ttl_s)
+        self.renew_interval_s = renew_interval_s or timings.renew_interval_s
+        self.margin_s = timings.drift_margin_s
         # Retries after an error come faster than renewals, but never spin.
         self.retry_interval_s = max(0.05, min(1.0, self.renew_interval_s / 4))
         self._confirmed_at = confirmed_at

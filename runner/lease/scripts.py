@@ -599,6 +599,40 @@ def _flatten(fields: Fields | None) -> list[str]:
     return out
 
 
+def finish(
+    client: ScriptClient,
+    keys: TaskKeys,
+    *,
+    lease_key: str,
+    token: str,
+    runs_maxlen: int,
+    retention_ms: int,
+    fence: str | int | float,
+    record: Fields,
+    state: Fields,
+    marker: Fields | None = None,
+    slot: int | None = None,
+    shown: bool = False,
+    keep: bool = False,
+    failures: str = "",
+    pause_after_failures: int = 0,
+    holder: str = "",
+) -> Any:
+    """One call of the finish script (FINISH: its keys and arguments are laid out here only),
+    its raw reply. ``token=''`` records without a lease; ``slot`` writes ``marker`` on its
+    marker; ``shown``: the task's lease shows this allow-other-slots run."""
+    script_keys = [lease_key, keys.runs, keys.state, keys.meta]
+    if slot is not None:
+        script_keys.append(keys.slot(slot))
+    if shown:
+        script_keys.append(keys.lease)
+    args = [token, runs_maxlen, retention_ms, fence, "1" if keep else "",
+            "1" if slot is not None else "", "1" if shown else "", failures,
+            pause_after_failures, holder, PROTOCOL_MIN_OVERLAP]  # fmt: skip
+    args += _flatten(record) + _flatten(state) + _flatten(marker)
+    return SCRIPTS["finish"](client, script_keys, args)
+
+
 def _seconds_or_none(value: Any) -> float | None:
     text = _as_str(value)
     try:
@@ -823,19 +857,26 @@ class Lease:
         failures: str = "",
     ) -> Finished:
         retention_ms = self.retention_ms if retention_ms is None else retention_ms
-        keys = [self._lease_key(self.slot), self.keys.runs, self.keys.state, self.keys.meta]
-        if slot is not None:
-            keys.append(self.keys.slot(slot))
-        shown = token != "" and self._policy(self.slot) == "slots"
-        if shown:
-            keys.append(self.keys.lease)
         # The state hash takes the fence of the state written, else this lease's own.
         fence = state.get("last_fence", self.fence) if fenced else ""
-        args = [token, self.runs_maxlen, retention_ms, fence, "1" if keep else "",
-                "1" if slot is not None else "", "1" if shown else "", failures,
-                self.pause_after_failures, self.holder, PROTOCOL_MIN_OVERLAP]  # fmt: skip
-        args += _flatten(record) + _flatten(state) + _flatten(marker)
-        reply = SCRIPTS["finish"](self.client, keys, args)
+        reply = finish(
+            self.client,
+            self.keys,
+            lease_key=self._lease_key(self.slot),
+            token=token,
+            runs_maxlen=self.runs_maxlen,
+            retention_ms=retention_ms,
+            fence=fence,
+            record=record,
+            state=state,
+            marker=marker,
+            slot=slot,
+            shown=token != "" and self._policy(self.slot) == "slots",
+            keep=keep,
+            failures=failures,
+            pause_after_failures=self.pause_after_failures,
+            holder=self.holder,
+        )
         self._check_owner(operation, reply)
         marked, stale = _as_str(reply[1]), _as_str(reply[2]) == "1"
         if _as_str(reply[0]) == "partial":

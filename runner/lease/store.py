@@ -1,4 +1,8 @@
-"""The Redis client, built from settings, and calls made under the connect deadline.
+"""The Redis client, built from settings, and calls made under the connect deadline
+(docs/design.md, docs/reliability.md).
+
+``connected`` is the one way in for every caller but a run's own connect, which is a traced
+phase sharing its deadline with the acquire (runner.run.execution).
 
 Fail closed: a call that cannot reach Redis is retried with exponential backoff and full
 jitter until the deadline, then raises ``StoreUnavailable`` (exit 69). A refusal that no retry
@@ -14,7 +18,8 @@ import contextlib
 import random
 import ssl
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any, TypeVar
 
 import redis
@@ -35,6 +40,7 @@ from redis.sentinel import MasterNotFoundError
 
 from runner import clock
 from runner.config.settings import RedisSettings
+from runner.config.timings import SOCKET_TIMEOUT_MAX_S, LeaseTimings
 from runner.errors import ConfigError, StoreUnavailable, Terminated
 
 T = TypeVar("T")
@@ -67,12 +73,14 @@ _TLS_CONFIG_REASONS = {
 }
 
 
-def socket_timeout_s(ttl_s: float) -> float:
-    """A renewal must come back well inside one renew interval (ttl/3)."""
-    return max(0.2, min(5.0, ttl_s / 4))
+def socket_timeout_s(ttl_s: float | None) -> float:
+    """A lease holder's calls must come back well inside one renew interval; a client that
+    holds no lease (``ttl_s`` None: status and the other admin commands, serve, dlq, a
+    Producer) gets the longest timeout a holder may have, the default TTL's."""
+    return SOCKET_TIMEOUT_MAX_S if ttl_s is None else LeaseTimings(ttl_s).socket_timeout_s
 
 
-def _common_kwargs(settings: RedisSettings, ttl_s: float) -> dict[str, Any]:
+def _common_kwargs(settings: RedisSettings, ttl_s: float | None) -> dict[str, Any]:
     kwargs: dict[str, Any] = {
         "decode_responses": True,
         # Never above the connect deadline: one try against a server that accepts and never
@@ -147,10 +155,13 @@ def _cluster_class() -> type[Any]:
     return Cluster
 
 
-def connect(settings: RedisSettings, ttl_s: float, *, decode_responses: bool = True) -> Any:
+def connect(
+    settings: RedisSettings, ttl_s: float | None = None, *, decode_responses: bool = True
+) -> Any:
     """A client for the configured shape. No I/O happens here: ``open_connection`` or the first
     command connects, except for Cluster, whose client reads the slot table at once (under the
-    connect deadline).
+    connect deadline). ``ttl_s``: the TTL of the lease this client holds, which bounds its
+    socket timeout; None for a client that holds none. Most callers want ``connected``.
 
     ``decode_responses=False`` is for Dramatiq (queue mode), which decodes its own bytes.
     """
@@ -212,6 +223,49 @@ def connect(settings: RedisSettings, ttl_s: float, *, decode_responses: bool = T
     client = redis.Redis(connection_pool=pool)
     client.auto_close_connection_pool = True  # as Redis.from_url does
     return client
+
+
+@contextmanager
+def connected(
+    settings: RedisSettings,
+    what: str,
+    *,
+    ttl_s: float | None = None,
+    decode_responses: bool = True,
+    ping: bool = True,
+) -> Iterator[Any]:
+    """A client (``connect``) that has answered a PING within the connect deadline, closed on
+    the way out: ``StoreUnavailable`` (exit 69) when Redis stays away, ``ConfigError`` (78)
+    when it refuses the settings. ``what`` names the caller in those errors.
+
+    ``ping=False`` for a caller whose own first call goes through ``within_connect_deadline``
+    (one round trip fewer), or that must start while Redis is away (serve).
+    """
+    client = connect(settings, ttl_s, decode_responses=decode_responses)
+    try:
+        if ping:
+            within_connect_deadline(settings, client.ping, what=what)
+        yield client
+    finally:
+        with contextlib.suppress(RedisError):
+            client.close()
+
+
+def within_connect_deadline(
+    settings: RedisSettings,
+    call: Callable[[], T],
+    *,
+    what: str,
+    stop: Callable[[], bool] | None = None,
+) -> T:
+    """``call``, retried as ``with_deadline`` does until CRON_RUNNER_CONNECT_TIMEOUT from now."""
+    return with_deadline(
+        call,
+        deadline_s=clock.monotonic() + settings.connect_timeout_s,
+        what=what,
+        where=settings.display_target,
+        stop=stop,
+    )
 
 
 class PlainServer(OSError):
@@ -314,17 +368,13 @@ def _db(url: str) -> int:
 
 
 def wait_timeout_ms(ttl_s: float) -> int:
-    """How long WAIT may block: a sixth of the TTL at most, so that its reply has as long
-    again to arrive (wait_reply_timeout_s) and the lease is still fresh when the task starts."""
-    return int(min(socket_timeout_s(ttl_s) * 0.8, ttl_s / 6) * 1000)
+    """LeaseTimings.wait_timeout_ms, for the run's WAIT (replicas_acknowledged)."""
+    return LeaseTimings(ttl_s).wait_timeout_ms
 
 
 def wait_reply_timeout_s(ttl_s: float) -> float:
-    """How long the WAIT reply may take: one renew interval (ttl/3), twice the WAIT timeout.
-
-    With the socket timeout instead (ttl/4), a 1.5 s TTL left 75 ms between WAIT's own timeout
-    and the socket's: a reply delayed by a busy host was read as no replica at all."""
-    return max(socket_timeout_s(ttl_s), ttl_s / 3)
+    """LeaseTimings.wait_reply_timeout_s, for the run's WAIT (replicas_acknowledged)."""
+    return LeaseTimings(ttl_s).wait_reply_timeout_s
 
 
 class WaitUnanswered(RedisTimeoutError):

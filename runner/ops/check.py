@@ -58,25 +58,22 @@ class Check:
             f"configuration parses: Redis {s.redis.display_url}, scope {s.lease.scope}, "
             f"key prefix {s.lease.prefix}, lease TTL {s.lease.ttl_s:g}s",
         )
-        client = store.connect(s.redis, s.lease.ttl_s)
-        try:
+        # Its own PING (reachable): a refusal is a finding here, reported with its exit code.
+        with store.connected(s.redis, "check", ttl_s=s.lease.ttl_s, ping=False) as client:
             refused = self.reachable(client)
             if refused is not None:
                 return refused
             self.lease_scripts(client)
             self.eviction(client, strict=strict)
             self.persistence(client)
-        finally:
-            client.close()
         return 1 if self.failed else 0
 
     def reachable(self, client: Any) -> int | None:
         """None when Redis answers; else the exit code: 69 unreachable, 78 when it refuses the
         credentials or the settings (as a run would), 1 for any other refusal."""
         where = self.settings.redis.display_target
-        deadline = clock.monotonic() + self.settings.redis.connect_timeout_s
         try:
-            store.with_deadline(client.ping, deadline_s=deadline, what="check", where=where)
+            store.within_connect_deadline(self.settings.redis, client.ping, what="check")
         except StoreUnavailable as exc:
             self.say(FAIL, str(exc))
             return StoreUnavailable.exit_code

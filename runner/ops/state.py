@@ -1,8 +1,9 @@
 """What runs leave in Redis, read back: lease, fence, state hash, run stream (docs/design.md).
 
-The state hash is written by ``execution._state`` in the same script as the release or
-completion; the schedule in it is what ``status`` and the watchdog judge a task by. A CronJob
-pod's run stores it too: the chart sets ``CRON_RUNNER_SCHEDULE`` beside the Job name.
+The state hash and the run records follow one schema, runner.lease.journal, whose names are
+read here; the schedule in the state is what ``status`` and the watchdog judge a task by. A
+CronJob pod's run stores it too: the chart sets ``CRON_RUNNER_SCHEDULE`` beside the Job name.
+The watchdog's own writes (the ledger, ``expected_since``, ``max_runtime_ms``) live here.
 """
 
 from __future__ import annotations
@@ -19,19 +20,15 @@ from redis.exceptions import NoPermissionError
 
 from runner.errors import ConfigError
 from runner.keys import NAME_RE, TaskKeys, scope_index
+from runner.lease import journal
 from runner.lease.scripts import holder_of, started_at_of
+from runner.outcomes import FAILED, RAN
 from runner.schedule import slots
 
 log = logging.getLogger("runner.ops")
 
-#: State-hash field: when a watchdog was first told to expect a task that had not run yet.
-EXPECTED_SINCE = "expected_since"
 #: Missed slots listed per task; past this the listing says there are more.
 MISSED_LISTED = 10
-#: State-hash field: the ledger has judged every fire time up to here (epoch seconds).
-LEDGER_UNTIL = "ledger_until"
-#: State-hash field: a run holding the lease longer than this is reported (milliseconds).
-MAX_RUNTIME_MS = "max_runtime_ms"
 #: Fire times one watchdog run judges per task at most; older ones are left to the listing.
 LEDGER_SCAN_LIMIT = 1000
 
@@ -135,16 +132,18 @@ def _float(value: Any) -> float | None:
         return None
 
 
-def _result(state: dict[str, str], kind: str) -> Result | None:
-    at = _float(state.get(f"last_{kind}_at"))
+def _result(state: dict[str, str], summary: str) -> Result | None:
+    """``summary``: journal.LAST_SUCCESS or journal.LAST_FAILURE."""
+    at = _float(state.get(journal.at_field(summary)))
     if at is None:
         return None
+    success = summary == journal.LAST_SUCCESS
     return Result(
         at=at,
-        slot=_int(state.get(f"last_{kind}_slot")),
-        duration_ms=_int(state.get(f"last_{kind}_duration_ms")),
-        outcome="ran" if kind == "success" else state.get("last_failure_outcome", "failed"),
-        exit_code=0 if kind == "success" else _int(state.get("last_failure_exit_code")),
+        slot=_int(state.get(journal.slot_field(summary))),
+        duration_ms=_int(state.get(journal.duration_field(summary))),
+        outcome=RAN if success else state.get(journal.LAST_FAILURE_OUTCOME, FAILED),
+        exit_code=0 if success else _int(state.get(journal.LAST_FAILURE_EXIT_CODE)),
     )
 
 
@@ -207,7 +206,7 @@ def covered_until(
             return last_success.at
         return float(plausible_slot(schedule, last_success.slot, last_success.at))
     if not oldest:
-        return _float(state.get(EXPECTED_SINCE))
+        return _float(state.get(journal.EXPECTED_SINCE))
     first = record_of(*oldest[0])
     if first.started_at is None:
         return None if first.slot is None else float(first.slot - 1)
@@ -257,15 +256,15 @@ def heartbeat_of(raw: str | None) -> Heartbeat | None:
 def record_of(entry_id: str, fields: dict[str, str]) -> RunRecord:
     return RunRecord(
         id=entry_id,
-        started_at=_float(fields.get("started_at")),
-        slot=_int(fields.get("slot")),
-        holder=fields.get("holder") or None,
-        fence=_int(fields.get("fence")),
-        outcome=fields.get("outcome") or None,
-        exit_code=_int(fields.get("exit_code")),
-        duration_ms=_int(fields.get("duration_ms")),
-        error=fields.get("error") or None,
-        unlocked=holder_of(fields["unlocked"]) if fields.get("unlocked") else None,
+        started_at=_float(fields.get(journal.STARTED_AT)),
+        slot=_int(fields.get(journal.SLOT)),
+        holder=fields.get(journal.HOLDER) or None,
+        fence=_int(fields.get(journal.FENCE)),
+        outcome=fields.get(journal.OUTCOME) or None,
+        exit_code=_int(fields.get(journal.EXIT_CODE)),
+        duration_ms=_int(fields.get(journal.DURATION_MS)),
+        error=fields.get(journal.ERROR) or None,
+        unlocked=holder_of(fields[journal.UNLOCKED]) if fields.get(journal.UNLOCKED) else None,
     )
 
 
@@ -389,9 +388,9 @@ class Reader:
         token, pttl_ms, fence, state, oldest, _ = read
         state = dict(state or {})
         held = token is not None
-        schedule_expr = state.get("schedule") or None
-        timezone = state.get("timezone") or ("UTC" if schedule_expr else None)
-        last_success = _result(state, "success")
+        schedule_expr = state.get(journal.SCHEDULE) or None
+        timezone = state.get(journal.TIMEZONE) or ("UTC" if schedule_expr else None)
+        last_success = _result(state, journal.LAST_SUCCESS)
         next_slot: int | None = None
         missed: Missed | None = None
         schedule_error: str | None = None
@@ -400,19 +399,19 @@ class Reader:
                 schedule = slots.Schedule.parse(schedule_expr, timezone or "UTC", 0.0)
                 # A run may claim a slot up to the tolerance early, so the slot it recorded can
                 # still lie ahead of now: the next slot is the one after both.
-                last_slot = _int(state.get("last_slot")) or 0
+                last_slot = _int(state.get(journal.LAST_SLOT)) or 0
                 if last_slot > schedule.next_after(now_s):
                     last_slot = 0  # implausible: no run can have claimed a slot that far ahead
                 next_slot = schedule.next_after(max(now_s, last_slot))
                 covered = covered_until(schedule, last_success, state, oldest)
                 if covered is not None:
-                    # The ledger holds what a watchdog found missed up to LEDGER_UNTIL; the
+                    # The ledger holds what a watchdog found missed up to ledger_until; the
                     # fire times after that are judged as before, a success covering the
                     # earlier ones, until a watchdog looks at each one's slot marker. In queue
                     # mode a marker only says enqueued: the listing keeps judging from the
                     # workers' last success, so a job no worker ran stays listed.
-                    queued = bool(state.get("last_enqueued_at"))
-                    judged = None if queued else _float(state.get(LEDGER_UNTIL))
+                    queued = bool(state.get(journal.at_field(journal.LAST_ENQUEUED)))
+                    judged = None if queued else _float(state.get(journal.LEDGER_UNTIL))
                     tail = missed_slots(
                         schedule,
                         now_s=now_s,
@@ -423,7 +422,7 @@ class Reader:
                     missed = _merge(ledger, tail)
             except ConfigError as exc:
                 schedule_error = str(exc)
-        max_runtime_ms = _int(state.get(MAX_RUNTIME_MS))
+        max_runtime_ms = _int(state.get(journal.MAX_RUNTIME_MS))
         return TaskStatus(
             task=task,
             holder=holder_of(token) if token is not None else None,
@@ -431,12 +430,12 @@ class Reader:
             fence=_int(fence) or 0,
             schedule=schedule_expr,
             timezone=timezone,
-            last_slot=_int(state.get("last_slot")),
-            last_run_at=_float(state.get("last_run_at")),
-            last_outcome=state.get("last_outcome") or None,
-            last_holder=state.get("last_holder") or None,
+            last_slot=_int(state.get(journal.LAST_SLOT)),
+            last_run_at=_float(state.get(journal.LAST_RUN_AT)),
+            last_outcome=state.get(journal.LAST_OUTCOME) or None,
+            last_holder=state.get(journal.LAST_HOLDER) or None,
             last_success=last_success,
-            last_failure=_result(state, "failure"),
+            last_failure=_result(state, journal.LAST_FAILURE),
             next_slot=next_slot,
             missed=missed,
             schedule_error=schedule_error,
@@ -479,15 +478,17 @@ class Reader:
         pipe.zrange(keys.missed, 0, -1)
         token, state, oldest, ledger = pipe.execute()
         state = dict(state or {})
-        if not state.get("schedule"):
+        if not state.get(journal.SCHEDULE):
             return []
         try:
-            schedule = slots.Schedule.parse(state["schedule"], state.get("timezone") or "UTC", 0)
+            schedule = slots.Schedule.parse(
+                state[journal.SCHEDULE], state.get(journal.TIMEZONE) or "UTC", 0
+            )
         except ConfigError:
             return []
-        start = _float(state.get(LEDGER_UNTIL))
+        start = _float(state.get(journal.LEDGER_UNTIL))
         if start is None:
-            start = covered_until(schedule, _result(state, "success"), state, oldest)
+            start = covered_until(schedule, _result(state, journal.LAST_SUCCESS), state, oldest)
         if start is None:
             return []
         due = schedule.previous_at_or_before(now_s - tolerance_s)
@@ -512,7 +513,7 @@ class Reader:
             pipe.zadd(keys.missed, {str(slot): slot for slot in new}, nx=True)
         if ran:
             pipe.zrem(keys.missed, *(str(slot) for slot in ran))
-        pipe.hset(keys.state, LEDGER_UNTIL, f"{judged_until:.3f}")
+        pipe.hset(keys.state, journal.LEDGER_UNTIL, journal.timestamp(judged_until))
         pipe.execute()
         return new
 
@@ -529,12 +530,15 @@ class Reader:
     def ledger(self, task: str) -> list[int]:
         return [int(float(m)) for m in self.client.zrange(self.keys(task).missed, 0, -1)]
 
-    def acknowledge(self, task: str, slot: int, record: dict[str, str]) -> bool:
-        """Drop ``slot`` from the ledger and record who acknowledged it; False if absent."""
+    def acknowledge(self, task: str, slot: int, record: journal.Fields) -> bool:
+        """Drop ``slot`` from the ledger and record who acknowledged it (``record``, from
+        journal.admin_record); False if absent."""
         keys = self.keys(task)
         if not self.client.zrem(keys.missed, str(slot)):
             return False
-        self.client.xadd(keys.runs, {**record, "slot": str(slot)}, maxlen=1000, approximate=True)
+        self.client.xadd(
+            keys.runs, {**record, journal.SLOT: str(slot)}, maxlen=1000, approximate=True
+        )
         return True
 
     def expect(self, task: str, schedule: str, timezone: str, *, now_s: float) -> None:
@@ -543,9 +547,9 @@ class Reader:
         dates it, and a run's own schedule stays until its next run rewrites it."""
         keys = self.keys(task)
         pipe = self.client.pipeline(transaction=False)
-        pipe.hsetnx(keys.state, EXPECTED_SINCE, f"{now_s:.3f}")
-        pipe.hsetnx(keys.state, "schedule", schedule)
-        pipe.hsetnx(keys.state, "timezone", timezone)
+        pipe.hsetnx(keys.state, journal.EXPECTED_SINCE, journal.timestamp(now_s))
+        pipe.hsetnx(keys.state, journal.SCHEDULE, schedule)
+        pipe.hsetnx(keys.state, journal.TIMEZONE, timezone)
         pipe.sadd(keys.index, task)
         *written, indexed = pipe.execute(raise_on_error=False)
         for reply in written:
@@ -556,7 +560,7 @@ class Reader:
             raise indexed
 
     def set_max_runtime(self, task: str, seconds: float) -> None:
-        self.client.hset(self.keys(task).state, MAX_RUNTIME_MS, str(int(seconds * 1000)))
+        self.client.hset(self.keys(task).state, journal.MAX_RUNTIME_MS, str(int(seconds * 1000)))
 
     def forget(self, task: str) -> int:
         """Delete a task's state and history (not its fence, which must never go back, nor its

@@ -1,6 +1,9 @@
-"""``cron-runner worker``: a Dramatiq worker whose actors are the registered tasks.
+"""``cron-runner worker``: a Dramatiq worker whose actors are the registered tasks
+(docs/design.md, Queue mode).
 
-Imported only by the worker command: it imports Dramatiq at the top.
+Imported only by the worker command: it imports Dramatiq at the top. ``--processes N`` forks
+N of these (runner.queue.supervisor); each job's run is recorded as a run's is, in the run
+stream and the state hash (runner.lease.journal).
 
 Each task becomes an actor named after it, on its queue (``@task(queue=...)``, default its
 name), with its retry and time-limit options. A message runs the task with a ``RunContext``
@@ -19,13 +22,8 @@ cut off mid-way runs again (at least once).
 
 from __future__ import annotations
 
-import contextlib
 import logging
-import multiprocessing
-import multiprocessing.connection
 import os
-import signal
-import tempfile
 import threading
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -39,35 +37,25 @@ from dramatiq.middleware import Middleware, Retries, TimeLimit
 from redis.exceptions import RedisError
 
 from runner import clock
-from runner.config.settings import Settings
-from runner.errors import (
-    EXIT_TERMINATED,
-    Cancelled,
-    ConfigError,
-    CronRunnerError,
-    StoreUnavailable,
-)
-from runner.keys import TaskKeys
-from runner.lease import store
-from runner.lease.scripts import Lease
-from runner.logs import RunLogger, run_logger
-from runner.outcomes import FAILED, RAN, REQUEUED
-from runner.queue.producer import (
+from runner.config.queue import (
     DEFAULT_MAX_BACKOFF_S,
     DEFAULT_MIN_BACKOFF_S,
     DEFAULT_RETRIES,
     QueueSettings,
-    make_broker,
-    queue_of,
 )
-from runner.signals import STOP_SIGNALS as _STOP_SIGNALS
-from runner.signals import Shutdown as _StopFlag
+from runner.config.settings import Settings
+from runner.errors import EXIT_TERMINATED, Cancelled, ConfigError
+from runner.keys import TaskKeys
+from runner.lease import journal, store
+from runner.logs import RunLogger, run_logger
+from runner.outcomes import FAILED, RAN, REQUEUED
+from runner.queue.messages import make_broker
+from runner.queue.options import queue_of
+from runner.signals import Shutdown
 from runner.tasks import Registry, RunContext, TaskSpec, queue_options
 
 log = logging.getLogger("runner.worker")
 
-# A worker process's exit codes that the pod's exit repeats (runner/errors.py).
-_PASSED_ON = (ConfigError.exit_code, StoreUnavailable.exit_code)
 # KEYS: the dead-letter hash   ARGV: id, message. Only while it is still there (not purged).
 _REFRESH_DEAD = """
 if redis.call('HEXISTS', KEYS[1], ARGV[1]) == 1 then
@@ -295,49 +283,37 @@ class Actors:
     def _record(
         self, run: _Run, outcome: str, code: int, duration_ms: int, error: str | None
     ) -> None:
-        """The same run stream and state hash a run writes, so history, status and the
-        watchdog see what the workers did."""
-        ctx, logger = run.ctx, run.logger
+        """The same run stream and state hash a run writes (runner.lease.journal), so history,
+        status and the watchdog see what the workers did."""
+        ctx = run.ctx
         lease_settings = self.settings.lease
+        record = journal.run_record(
+            slot=ctx.slot,
+            holder=ctx.holder,
+            fence=ctx.fencing_token,
+            outcome=outcome,
+            exit_code=code,
+            started_at_s=run.started_wall,
+            duration_ms=duration_ms,
+            error=error,
+            message_id=run.message_id,
+        )
+        state = journal.state(
+            outcome=outcome,
+            exit_code=code,
+            fence=ctx.fencing_token,
+            holder=ctx.holder,
+            slot=ctx.slot,
+            at_s=clock.wall(),
+            duration_ms=duration_ms,
+        )
         keys = TaskKeys(lease_settings.prefix, lease_settings.scope, ctx.task)
-        record: dict[str, str | int | float] = {
-            "slot": "" if ctx.slot is None else ctx.slot,
-            "holder": ctx.holder,
-            "fence": ctx.fencing_token,
-            "outcome": outcome,
-            "exit_code": code,
-            "started_at": f"{run.started_wall:.3f}",
-            "duration_ms": duration_ms,
-            "message_id": run.message_id,
-        }
-        if error:
-            record["error"] = error[:500]
-        now = f"{clock.wall():.3f}"
-        state: dict[str, str | int | float] = {
-            "last_run_at": now,
-            "last_outcome": outcome,
-            "last_fence": ctx.fencing_token,
-            "last_holder": ctx.holder,
-        }
-        prefix = "last_success" if outcome == RAN else "last_failure"
-        state[f"{prefix}_at"] = now
-        state[f"{prefix}_duration_ms"] = duration_ms
-        if ctx.slot is not None:
-            state["last_slot"] = ctx.slot
-            state[f"{prefix}_slot"] = ctx.slot
-        if outcome != RAN:
-            state["last_failure_outcome"] = outcome
-            state["last_failure_exit_code"] = code
         try:
-            Lease(
-                self.record_client,
-                keys,
-                "",
-                ttl_ms=1000,
-                runs_maxlen=lease_settings.history_length,
-            ).record(record, state, fenced=False)
+            journal.record_unleased(
+                self.record_client, keys, record, state, runs_maxlen=lease_settings.history_length
+            )
         except RedisError as exc:
-            logger.warning(f"could not record the run: {exc}", extra={"event": "record_failed"})
+            run.logger.warning(f"could not record the run: {exc}", extra={"event": "record_failed"})
 
 
 class Plan(NamedTuple):
@@ -382,33 +358,6 @@ def plan(registry: Registry, qs: QueueSettings) -> Plan:
     return Plan(tuple(actors), queues)
 
 
-def prepare_metrics(port: int) -> Any:
-    """Dramatiq's Prometheus middleware metrics on ``port``, for every worker process of this
-    pod (prometheus_client's multiprocess mode, in a fresh directory under /tmp). Returns what
-    serves them; start it once the workers are forked: a process forked while another of its
-    threads runs may inherit a lock that thread held, and hang."""
-    db = tempfile.mkdtemp(prefix="cron-runner-dramatiq-prom-")
-    # The middleware reads these when its module is first imported, and each process again.
-    os.environ.update(dramatiq_prom_db=db, dramatiq_prom_port=str(port),
-                      PROMETHEUS_MULTIPROC_DIR=db, prometheus_multiproc_dir=db)  # fmt: skip
-    try:
-        from dramatiq.middleware import prometheus  # noqa: PLC0415 - only with a metrics port
-    except ImportError as exc:  # prometheus_client missing
-        raise ConfigError(
-            f"CRON_RUNNER_WORKER_METRICS_PORT needs prometheus_client (pip install "
-            f"'redis-cron-runner[serve]'): {exc}"
-        ) from exc
-
-    def start() -> None:
-        thread = threading.Thread(
-            target=prometheus._run_exposition_server, name="dramatiq-metrics", daemon=True
-        )
-        thread.start()
-        log.info(f"worker metrics on port {port}", extra={"event": "worker_metrics", "port": port})
-
-    return start
-
-
 def _metrics_middleware(qs: QueueSettings) -> list[Any]:
     if qs.metrics_port is None:
         return []
@@ -418,11 +367,16 @@ def _metrics_middleware(qs: QueueSettings) -> list[Any]:
 
 
 def build(
-    settings: Settings, qs: QueueSettings, served: Plan, worker_id: str
-) -> tuple[RedisBroker, Runtime, Any]:
-    """The broker with the planned actors and the queues to consume declared."""
-    client = store.connect(settings.redis, settings.lease.ttl_s, decode_responses=False)
-    record_client = store.connect(settings.redis, settings.lease.ttl_s)
+    settings: Settings,
+    qs: QueueSettings,
+    served: Plan,
+    worker_id: str,
+    *,
+    client: Any,
+    record_client: Any,
+) -> tuple[RedisBroker, Runtime]:
+    """The broker on ``client`` (bytes, for Dramatiq) with the planned actors, which record
+    their runs through ``record_client``, and the queues to consume declared."""
     runtime = Runtime(worker_id)
     retries = Retries(
         max_retries=DEFAULT_RETRIES,
@@ -437,7 +391,7 @@ def build(
         actors.declare(spec, queue)
     for queue in served.queues:
         broker.declare_queue(queue)
-    return broker, runtime, record_client
+    return broker, runtime
 
 
 def serve(
@@ -446,46 +400,48 @@ def serve(
     served: Plan,
     *,
     worker_id: str,
-    stop: _StopFlag | None = None,
+    stop: Shutdown | None = None,
 ) -> int:
     """One worker process until SIGTERM. 0 after a clean stop, 143 if jobs had to be put back."""
-    stop = stop or _StopFlag().install()
-    broker, runtime, record_client = build(settings, qs, served, worker_id)
-    queues = set(served.queues)
-    deadline = clock.monotonic() + settings.redis.connect_timeout_s
-    store.with_deadline(
-        broker.client.ping, deadline_s=deadline, what="worker", where=settings.redis.display_target
-    )
-    broker.emit_after("process_boot")
-    worker = dramatiq.Worker(
-        broker,
-        queues=queues,
-        worker_threads=qs.threads,
-        worker_timeout=max(1, int(qs.poll_interval_s * 1000)),
-    )
-    worker.start()
-    log.info(
-        f"worker ready: queues {', '.join(sorted(queues))}; {qs.threads} threads",
-        extra={"event": "worker_ready", "holder": worker_id, "pid": os.getpid()},
-    )
-    stop.event.wait()
-    grace_s = settings.run.shutdown_grace_s
-    log.info(
-        f"stopping: running jobs get {grace_s:g}s to finish",
-        extra={"event": "stopping", "holder": worker_id},
-    )
-    timer = threading.Timer(
-        cancel_after_s(grace_s), runtime.cancel_all, args=("worker shutting down",)
-    )
-    timer.daemon = True
-    timer.start()
-    worker.stop(timeout=int(grace_s * 1000))
-    timer.cancel()
-    _leave(broker, queues)
-    broker.close()
-    with contextlib.suppress(RedisError):
-        broker.client.close()
-        record_client.close()
+    stop = stop or Shutdown().install()
+    redis, ttl_s = settings.redis, settings.lease.ttl_s
+    # A worker holds no lease, but its calls' socket timeout has always followed
+    # CRON_RUNNER_LEASE_TTL (`worker --lease-ttl`, and the chart sets it for workers).
+    with (
+        store.connected(redis, "worker", ttl_s=ttl_s, decode_responses=False) as client,
+        store.connected(redis, "worker", ttl_s=ttl_s, ping=False) as record_client,
+    ):
+        broker, runtime = build(
+            settings, qs, served, worker_id, client=client, record_client=record_client
+        )
+        queues = set(served.queues)
+        broker.emit_after("process_boot")
+        worker = dramatiq.Worker(
+            broker,
+            queues=queues,
+            worker_threads=qs.threads,
+            worker_timeout=max(1, int(qs.poll_interval_s * 1000)),
+        )
+        worker.start()
+        log.info(
+            f"worker ready: queues {', '.join(sorted(queues))}; {qs.threads} threads",
+            extra={"event": "worker_ready", "holder": worker_id, "pid": os.getpid()},
+        )
+        stop.wait()
+        grace_s = settings.run.shutdown_grace_s
+        log.info(
+            f"stopping: running jobs get {grace_s:g}s to finish",
+            extra={"event": "stopping", "holder": worker_id},
+        )
+        timer = threading.Timer(
+            cancel_after_s(grace_s), runtime.cancel_all, args=("worker shutting down",)
+        )
+        timer.daemon = True
+        timer.start()
+        worker.stop(timeout=int(grace_s * 1000))
+        timer.cancel()
+        _leave(broker, queues)
+        broker.close()
     code = EXIT_TERMINATED if runtime.requeued else 0
     log.info(
         "worker stopped" + (f"; {runtime.requeued} job(s) put back" if runtime.requeued else ""),
@@ -506,79 +462,3 @@ def _leave(broker: RedisBroker, queues: Iterable[str]) -> None:
             broker.client.zrem(f"{broker.namespace}:__heartbeats__", broker.broker_id)
     except RedisError as exc:
         log.warning(f"could not leave the heartbeats: {exc}", extra={"event": "leave_failed"})
-
-
-def _child(
-    settings: Settings, qs: QueueSettings, served: Plan, worker_id: str
-) -> None:  # pragma: no cover - runs in a forked process
-    stop = _StopFlag().install()
-    signal.pthread_sigmask(signal.SIG_UNBLOCK, _STOP_SIGNALS)
-    try:
-        code = serve(settings, qs, served, worker_id=worker_id, stop=stop)
-    except CronRunnerError as exc:
-        # As the CLI edge does for one process: no traceback, and the code says which fault,
-        # so that the supervisor can pass a 2 (configuration) or a 3 (Redis unreachable) on.
-        log.error(str(exc), extra={"event": "error", "exit_code": exc.exit_code})
-        code = exc.exit_code
-    except Exception:
-        log.exception("worker process failed", extra={"event": "worker_failed"})
-        code = 1
-    logging.shutdown()
-    os._exit(code)
-
-
-def supervise(settings: Settings, qs: QueueSettings, registry: Registry) -> int:
-    """``--processes N``: N forked worker processes. SIGTERM is passed on; if one dies on its
-    own, the others are stopped too and the exit is non-zero, so that the pod restarts
-    visibly rather than running short-handed: the child's own 2 (configuration) or 3 (Redis
-    unreachable) as with one process, else 1."""
-    served = plan(registry, qs)
-    start_metrics = prepare_metrics(qs.metrics_port) if qs.metrics_port is not None else None
-    if qs.processes == 1:
-        if start_metrics:
-            start_metrics()
-        return serve(settings, qs, served, worker_id=settings.lease.holder)
-    fork = multiprocessing.get_context("fork")
-    stop = _StopFlag().install()
-    # Signals arriving between fork and a child's own handlers must wait, not kill it.
-    signal.pthread_sigmask(signal.SIG_BLOCK, _STOP_SIGNALS)
-    children = [
-        fork.Process(
-            target=_child,
-            args=(settings, qs, served, f"{settings.lease.holder}#{i}"),
-            name=f"worker-{i}",
-        )
-        for i in range(qs.processes)
-    ]
-    for child in children:
-        child.start()
-    signal.pthread_sigmask(signal.SIG_UNBLOCK, _STOP_SIGNALS)
-    if start_metrics:
-        start_metrics()
-    code = 0
-    forwarded = False
-    while any(c.exitcode is None for c in children):
-        if stop.event.is_set() and not forwarded:
-            _signal_all(children, signal.SIGTERM)
-            forwarded = True
-        multiprocessing.connection.wait([c.sentinel for c in children], timeout=0.2)
-        for child in children:
-            if child.exitcode is not None and not forwarded:
-                log.error(
-                    f"worker process {child.pid} exited with code {child.exitcode}; stopping "
-                    "the others",
-                    extra={"event": "worker_failed", "pid": child.pid},
-                )
-                code = child.exitcode if child.exitcode in _PASSED_ON else 1
-                _signal_all(children, signal.SIGTERM)
-                forwarded = True
-    for child in children:
-        code = code or (child.exitcode if child.exitcode and child.exitcode > 0 else 0)
-    return code
-
-
-def _signal_all(children: Iterable[Any], sig: signal.Signals) -> None:
-    for child in children:
-        if child.exitcode is None and child.pid is not None:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(child.pid, sig)

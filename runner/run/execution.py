@@ -26,6 +26,7 @@ from runner.errors import (
     Terminated,
 )
 from runner.keys import TaskKeys
+from runner.lease import journal
 from runner.lease.keeper import Keeper
 from runner.lease.scripts import Acquired, AcquireResult, Finished, Lease, new_token
 from runner.lease.store import (
@@ -37,10 +38,8 @@ from runner.lease.store import (
 )
 from runner.logs import RunLogger, keeper_logger, run_logger
 from runner.outcomes import (
-    ENQUEUED,
     FAILED,
     LEASE_LOST,
-    RAN,
     REPLACED,
     TERMINATED,
     TOO_LATE,
@@ -216,7 +215,7 @@ class Execution:
     def _acquire(self, *, final: bool = False) -> AcquireResult:
         self._sent_at = clock.monotonic()
         record = self._record("", 0, None)
-        del record["outcome"]  # the script adds it, and why, when it records a skip
+        del record[journal.OUTCOME]  # the script adds it, and why, when it records a skip
         return self.lease.acquire(self.slot, final=final, skip_record=record)
 
     def _look(self, *, final: bool = False) -> AcquireResult:
@@ -535,44 +534,30 @@ class Execution:
         return int((clock.monotonic() - self.started_mono) * 1000)
 
     def _record(self, outcome: str, code: int, error: str | None) -> dict[str, str | int | float]:
-        record: dict[str, str | int | float] = {
-            "slot": "" if self.slot is None else self.slot,
-            "holder": self.settings.lease.holder,
-            "fence": self.fence,
-            "outcome": outcome,
-            "exit_code": code,
-            "started_at": f"{self.started_wall:.3f}",
-            "duration_ms": self._duration_ms(),
-        }
-        if error:
-            record["error"] = error[:500]
-        return record
+        return journal.run_record(
+            slot=self.slot,
+            holder=self.settings.lease.holder,
+            fence=self.fence,
+            outcome=outcome,
+            exit_code=code,
+            started_at_s=self.started_wall,
+            duration_ms=self._duration_ms(),
+            error=error,
+        )
 
     def _state(self, outcome: str, code: int) -> dict[str, str | int | float]:
-        now = f"{clock.wall():.3f}"
-        state: dict[str, str | int | float] = {
-            "last_run_at": now,
-            "last_outcome": outcome,
-            "last_fence": self.fence,
-            "last_holder": self.settings.lease.holder,
-        }
-        if self.slot is not None:
-            state["last_slot"] = self.slot
-        if self.settings.slots.schedule:
-            state["schedule"] = self.settings.slots.schedule
-            state["timezone"] = self.settings.slots.timezone
-        if self.settings.run.max_runtime_s:
-            state["max_runtime_ms"] = int(self.settings.run.max_runtime_s * 1000)
-        # An enqueue is not the task's success: the worker records that when the job runs.
-        prefix = {RAN: "last_success", ENQUEUED: "last_enqueued"}.get(outcome, "last_failure")
-        state[f"{prefix}_at"] = now
-        state[f"{prefix}_duration_ms"] = self._duration_ms()
-        if self.slot is not None:
-            state[f"{prefix}_slot"] = self.slot
-        if outcome not in (RAN, ENQUEUED):
-            state["last_failure_outcome"] = outcome
-            state["last_failure_exit_code"] = code
-        return state
+        return journal.state(
+            outcome=outcome,
+            exit_code=code,
+            fence=self.fence,
+            holder=self.settings.lease.holder,
+            slot=self.slot,
+            at_s=clock.wall(),
+            duration_ms=self._duration_ms(),
+            schedule=self.settings.slots.schedule,
+            timezone=self.settings.slots.timezone,
+            max_runtime_s=self.settings.run.max_runtime_s,
+        )
 
     def _finish_log(self, result: RunResult) -> RunResult:
         level = logging.INFO if result.exit_code == 0 else logging.ERROR

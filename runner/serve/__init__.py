@@ -15,7 +15,8 @@ import threading
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, NamedTuple
 
-from runner.config.settings import Settings, _Source, _whole_number, parse_duration
+from runner.config.settings import Settings
+from runner.config.sources import Source, parse_duration, setting_flags, whole_number
 from runner.errors import ConfigError
 
 AddFlags = Callable[[argparse.ArgumentParser, Sequence[str]], None]
@@ -50,13 +51,13 @@ class ServeSettings(NamedTuple):
 def load_serve_settings(
     env: Mapping[str, str], flags: Mapping[str, str | None] | None = None
 ) -> ServeSettings:
-    src = _Source(env, flags or {})
+    src = Source(env, flags or {})
     host, _ = src.get("SERVE_HOST")
     port_raw, origin = src.get("SERVE_PORT")
     origin = origin.replace("--serve-", "--")  # the flags are --host, --port, --tolerance
     port = DEFAULT_PORT
     if port_raw is not None:
-        if not _whole_number(port_raw) or not 0 <= int(port_raw) < 65536:
+        if not whole_number(port_raw) or not 0 <= int(port_raw) < 65536:
             raise ConfigError(
                 f"{origin}={port_raw!r} is not valid: expected a port, 1 to 65535 (0: any free one)"
             )
@@ -68,7 +69,7 @@ def load_serve_settings(
     )
 
 
-def _tolerance(src: _Source) -> float:
+def _tolerance(src: Source) -> float:
     value, origin = src.get("SERVE_TOLERANCE")
     if value is None:
         return DEFAULT_TOLERANCE_S
@@ -96,41 +97,37 @@ def add_commands(sub: Any, add_flags: AddFlags) -> None:
 
 
 def cmd_serve(args: argparse.Namespace, settings: Settings) -> int:
-    flags = {k.removeprefix("setting_"): v for k, v in vars(args).items()
-             if k.startswith("setting_")}  # fmt: skip
-    serve = load_serve_settings(os.environ, flags)
+    serve = load_serve_settings(os.environ, setting_flags(args))
     try:
         from runner.serve.app import App, make_server, serve_until_stopped  # noqa: PLC0415
-        from runner.serve.snapshot import Source  # noqa: PLC0415
+        from runner.serve.snapshot import Source as StatusSource  # noqa: PLC0415
     except ImportError as exc:
         raise ConfigError(
             f"serve needs the 'serve' extra (pip install 'redis-cron-runner[serve]'): {exc}"
         ) from exc
     from runner.lease import store  # noqa: PLC0415
 
-    client = store.connect(settings.redis, settings.lease.ttl_s)
     lease = settings.lease
-    source = Source(client, lease.prefix, lease.scope, tolerance_s=serve.tolerance_s)
-    app = App(source, scope=lease.scope, redis_target=settings.redis.display_target)
-    try:
-        server = _bind(app, make_server, serve)
-    except OSError as exc:
-        raise ConfigError(
-            f"serve: cannot listen on {serve.host}:{serve.port}: {exc.strerror or exc} "
-            "(set --host/--port or CRON_RUNNER_SERVE_HOST/_PORT)"
-        ) from exc
-    stop = threading.Event()
-    for signum in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(signum, lambda *_: stop.set())
-    host, port = server.server_address[:2]
-    log.info(
-        f"serving on http://{host}:{port}/ (scope {lease.scope!r}, Redis {app.redis_target})",
-        extra={"event": "serving", "port": port},
-    )
-    try:
+    # No PING first: serve starts while Redis is away, and /readyz says so.
+    with store.connected(settings.redis, "serve", ping=False) as client:
+        source = StatusSource(client, lease.prefix, lease.scope, tolerance_s=serve.tolerance_s)
+        app = App(source, scope=lease.scope, redis_target=settings.redis.display_target)
+        try:
+            server = _bind(app, make_server, serve)
+        except OSError as exc:
+            raise ConfigError(
+                f"serve: cannot listen on {serve.host}:{serve.port}: {exc.strerror or exc} "
+                "(set --host/--port or CRON_RUNNER_SERVE_HOST/_PORT)"
+            ) from exc
+        stop = threading.Event()
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(signum, lambda *_: stop.set())
+        host, port = server.server_address[:2]
+        log.info(
+            f"serving on http://{host}:{port}/ (scope {lease.scope!r}, Redis {app.redis_target})",
+            extra={"event": "serving", "port": port},
+        )
         serve_until_stopped(server, stop)
-    finally:
-        client.close()
     return 0
 
 

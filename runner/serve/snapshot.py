@@ -174,8 +174,8 @@ class Source:
                 seen.last_id = "0-0"  # read from the start next time
 
     def _queues(self) -> tuple[QueueRow, ...]:
-        # runner.queue.producer imports Dramatiq only inside the functions that send or retry.
-        from runner.queue.producer import discover_queues, queue_stats  # noqa: PLC0415
+        # Plain Redis reads: no Dramatiq.
+        from runner.queue.stats import discover_queues, queue_stats  # noqa: PLC0415
 
         namespace = f"{self.prefix}:queue:{self.scope}"
         names = discover_queues(self.client, namespace)

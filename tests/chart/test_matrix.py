@@ -30,6 +30,7 @@ EXPECTED_CI_FILES = {
     "08-queue-mode-workers-values.yaml",
     "09-queue-bundled-redis-values.yaml",
     "10-inject-app-images-values.yaml",
+    "11-scheduling-policies-values.yaml",
 }
 
 

@@ -109,7 +109,7 @@ def test_defaults_forbid_overlap_and_fail_fast_on_config_errors(chart: Chart) ->
                 "onExitCodes": {
                     "containerName": container(cj)["name"],
                     "operator": "In",
-                    "values": [64, 78, 126, 127],
+                    "values": [64, 78, 79, 126, 127],
                 },
             },
             {
@@ -121,10 +121,14 @@ def test_defaults_forbid_overlap_and_fail_fast_on_config_errors(chart: Chart) ->
 
 
 def test_every_cronjob_forbids_overlap_unless_the_task_says_otherwise(chart: Chart) -> None:
+    follows = {"skip": "Forbid", "buffer-one": "Allow", "replace": "Replace",
+               "allow-other-slots": "Allow"}  # fmt: skip
     for name, rendered in all_renders(chart):
+        defaults = ci_values(name).get("jobDefaults", {})
         for task, cj in rendered.cronjobs().items():
-            own = ci_values(name)["tasks"][task].get("concurrencyPolicy", "Forbid")
-            assert cj["spec"]["concurrencyPolicy"] == own
+            values = {**defaults, **ci_values(name)["tasks"][task]}
+            derived = follows[values.get("overlap", "skip")]
+            assert cj["spec"]["concurrencyPolicy"] == values.get("concurrencyPolicy", derived)
 
 
 def test_task_overrides_replace_job_defaults(chart: Chart) -> None:

@@ -175,7 +175,7 @@ def test_no_top_level_additional_properties_so_it_works_as_a_subchart(chart: Cha
 
 def test_templates_never_gate_objects_on_api_versions() -> None:
     # The offline render (helm-python-sdk) lists no batch/v1/CronJob: such a gate would
-    # silently drop every CronJob there (DESIGN.md, Chart). The one use tells an offline render
+    # silently drop every CronJob there (../shared/DESIGN.md, Chart). The one use tells an offline render
     # from a real install, to keep the bundled Redis's password from changing under it.
     for template in (CHART_DIR / "templates").rglob("*"):
         if template.is_file() and template.name != "redis-secret.yaml":

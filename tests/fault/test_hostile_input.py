@@ -15,17 +15,17 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 from redis.crc import key_slot
 
-from runner.config.settings import load_settings
-from runner.errors import ConfigError, UnknownTask
-from runner.keys import TaskKeys
-from runner.lease import store
-from runner.queue.producer import (
+from runner.config.queue import (
     MAX_MESSAGE_BYTES_LIMIT,
     MAX_PROCESSES,
     MAX_THREADS,
     load_queue_settings,
-    message_options,
 )
+from runner.config.settings import load_settings
+from runner.errors import ConfigError, UnknownTask
+from runner.keys import TaskKeys
+from runner.lease import store
+from runner.queue.options import message_options
 from runner.schedule.slots import resolve_slot, retention_s, stale_slot_reason
 from runner.tasks import Registry, RunContext, task
 from tests.fault.conftest import Figure
@@ -39,7 +39,7 @@ VARIABLES = [
     "REDIS_CLUSTER", "REDIS_MIN_REPLICAS", "KEY_PREFIX", "LEASE_TTL", "CONNECT_TIMEOUT",
     "SKEW_TOLERANCE", "SLOT_RETENTION", "SHUTDOWN_GRACE", "TASK_MODULES", "MODE", "SCHEDULE",
     "TIMEZONE", "JOB_NAME", "CRONJOB_NAME", "SCHEDULED_TIMESTAMP", "HOLDER", "SCOPE", "LOG_FORMAT", "LOG_LEVEL",
-    # Queue mode (runner/queue.py), read by `worker`, `dlq` and an enqueue-mode `run`.
+    # Queue mode (runner/config/queue.py), read by `worker`, `dlq` and an enqueue-mode `run`.
     "MAX_MESSAGE_SIZE", "WORKER_QUEUES", "WORKER_PROCESSES", "WORKER_THREADS",
     "WORKER_POLL_INTERVAL", "QUEUE_HEARTBEAT_TIMEOUT", "QUEUE_MAINTENANCE_CHANCE",
     "QUEUE_DEAD_MESSAGE_TTL", "QUEUE", "RETRIES_MAX", "RETRIES_MIN_BACKOFF",

@@ -16,8 +16,9 @@ import pytest
 import redis
 
 from runner import clock
+from runner.config.timings import LeaseTimings
 from runner.keys import TaskKeys
-from runner.lease.keeper import Keeper, drift_margin_s
+from runner.lease.keeper import Keeper
 from runner.lease.scripts import Acquired, Lease, new_token
 from runner.testing import free_port
 from tests.helpers.lease_tools import pttl_ms
@@ -162,7 +163,7 @@ def test_keeper_thread_reports_at_its_deadline_not_at_its_next_retry(hold: Holde
     # only looked at the clock when it woke to retry would report 0.7 s late.
     ttl_s = 20.0
     lease = Lease(unreachable_client(), KEYS, new_token("keeper-test"), ttl_ms=int(ttl_s * 1000))
-    lose_after_confirmed_s = ttl_s - drift_margin_s(ttl_s) - ttl_s / 3
+    lose_after_confirmed_s = ttl_s - LeaseTimings(ttl_s).drift_margin_s - ttl_s / 3
     confirmed_at = time.monotonic() + 0.3 - lose_after_confirmed_s
     keeper, reports = hold(lease, acquire=False, confirmed_at=confirmed_at)
     assert keeper.retry_interval_s == 1.0
@@ -304,7 +305,7 @@ def test_deadlines_follow_the_last_confirmed_renewal(
     monkeypatch.setattr(clock, "monotonic", fake)
     keeper, reports = hold(lease_on(r, ttl_ms=3000), confirmed_at=1000.0, start=False)
     assert keeper.renew_interval_s == pytest.approx(1.0)
-    assert keeper.margin_s == drift_margin_s(3.0) == pytest.approx(0.15)
+    assert keeper.margin_s == LeaseTimings(3.0).drift_margin_s == pytest.approx(0.15)
     assert keeper.expires_at == pytest.approx(1000.0 + 3.0 - 0.15)
     assert keeper.lose_at == pytest.approx(keeper.expires_at - 1.0)
 
@@ -317,11 +318,6 @@ def test_deadlines_follow_the_last_confirmed_renewal(
     fake.now += 3600
     assert keeper.is_lost()
     assert len(reports.losses) == 1
-
-
-@pytest.mark.parametrize(("ttl_s", "margin_s"), [(1.0, 0.1), (2.0, 0.1), (30.0, 1.5), (300, 15.0)])
-def test_drift_margin(ttl_s: float, margin_s: float) -> None:
-    assert drift_margin_s(ttl_s) == pytest.approx(margin_s)
 
 
 class PausedMidRenewal(Lease):

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from runner.cli.main import build_parser
-from runner.config.settings import parse_duration
+from runner.config.sources import parse_duration
 
 ROOT = Path(__file__).resolve().parents[2]
 UNITS = sorted(

@@ -13,8 +13,10 @@ from typing import Any, cast
 
 import redis
 
+from runner.config.queue import QueueSettings
 from runner.config.settings import load_settings
-from runner.queue.producer import Producer, QueueSettings, QueueStats, queue_stats
+from runner.queue.producer import Producer
+from runner.queue.stats import QueueStats, queue_stats
 from runner.testing import RedisServer
 from tests.helpers.proc import CRON_RUNNER, events, runner_env
 from tests.queue.queue_tasks import EFFECTS

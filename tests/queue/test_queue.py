@@ -19,10 +19,12 @@ from typing import cast
 import pytest
 import redis
 
+from runner.config.queue import QueueSettings
 from runner.config.settings import load_settings
 from runner.errors import ConfigError, UnknownTask
 from runner.keys import TaskKeys
-from runner.queue.producer import Producer, QueueSettings, make_broker, message_id_for
+from runner.queue.messages import make_broker, message_id_for
+from runner.queue.producer import Producer
 from runner.testing import RedisServer, free_port
 from tests.helpers.proc import events, outcome, runner_env
 from tests.helpers.wait import wait_for

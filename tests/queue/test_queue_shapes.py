@@ -20,7 +20,7 @@ import pytest
 import redis
 
 from runner.keys import TaskKeys
-from runner.queue.producer import QueueStats
+from runner.queue.stats import QueueStats
 from tests.helpers.proc import events, outcome, runner_env, side_effects
 from tests.helpers.topologies import SentinelTopology, TlsFiles, TlsRedisServer, make_tls_files
 from tests.helpers.wait import wait_for

@@ -6,20 +6,17 @@ from typing import Any
 
 import pytest
 
-from runner.config.settings import load_settings
-from runner.errors import ConfigError
-from runner.queue.producer import (
+from runner.config.queue import (
     DEFAULT_MAX_MESSAGE_BYTES,
     DEFAULT_MIN_BACKOFF_S,
-    MessageTooLarge,
     QueueSettings,
-    build_message,
-    effective_options,
     load_queue_settings,
-    message_id_for,
-    message_options,
     parse_size,
 )
+from runner.config.settings import load_settings
+from runner.errors import ConfigError
+from runner.queue.messages import MessageTooLarge, build_message, message_id_for
+from runner.queue.options import effective_options, message_options
 from runner.tasks import QueueOptions, RunContext, TaskSpec, queue_options, task
 
 

@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from runner.config.settings import load_settings, parse_duration, redact_url
+from runner.config.settings import load_settings, redact_url
+from runner.config.sources import parse_duration
 from runner.errors import ConfigError
 
 

@@ -23,7 +23,7 @@ which could give two tasks the same name.
 
 {{/* jobDefaults fields a task may override; the task's value replaces the default whole. */}}
 {{- define "cron-runner.jobFields" -}}
-{{- list "concurrencyPolicy" "startingDeadlineSeconds" "successfulJobsHistoryLimit" "failedJobsHistoryLimit" "backoffLimit" "activeDeadlineSeconds" "ttlSecondsAfterFinished" "restartPolicy" "podFailurePolicy" "terminationGracePeriodSeconds" "resources" "nodeSelector" "tolerations" "affinity" "priorityClassName" "podAnnotations" "podLabels" "extraVolumes" "extraVolumeMounts" "runner" "image" "initContainers" "extraContainers" | toJson }}
+{{- concat (list "concurrencyPolicy" "startingDeadlineSeconds" "successfulJobsHistoryLimit" "failedJobsHistoryLimit" "backoffLimit" "activeDeadlineSeconds" "ttlSecondsAfterFinished" "restartPolicy" "podFailurePolicy" "terminationGracePeriodSeconds" "resources" "nodeSelector" "tolerations" "affinity" "priorityClassName" "podAnnotations" "podLabels" "extraVolumes" "extraVolumeMounts" "runner" "image" "initContainers" "extraContainers") (include "cron-runner.policyFields" . | fromJsonArray) | toJson }}
 {{- end }}
 
 {{/*
@@ -109,11 +109,11 @@ Call with (dict "root" $ "task" $task).
 {{- fail (printf "task %q: mode enqueue needs task (a registered task name): workers run registered tasks, not commands; set mode: run for this task" $name) }}
 {{- end }}
 {{- $queueKeys := list }}
-{{- range $key := list "queue" "retries" "timeLimit" }}
+{{- range $key := list "queue" "retries" "timeLimit" "rateLimit" }}
 {{- if hasKey $task $key }}{{ $queueKeys = append $queueKeys $key }}{{ end }}
 {{- end }}
 {{- if and $queueKeys (ne (toString (default .root.Values.runner.mode $task.mode)) "enqueue") }}
-{{- fail (printf "task %q: %s: for queue mode only (the workers retry and time the run); set mode: enqueue, or remove them" $name (join ", " $queueKeys)) }}
+{{- fail (printf "task %q: %s: for queue mode only (the workers retry, time and rate-limit the run); set mode: enqueue, or remove them" $name (join ", " $queueKeys)) }}
 {{- end }}
 {{- if and $task.queue (not (regexMatch "^[A-Za-z_][A-Za-z0-9._-]{0,62}$" (toString $task.queue))) }}
 {{- fail (printf "task %q: queue %q is not valid: expected a letter or '_' first, then letters, digits, '.', '_' or '-', at most 63 characters" $name (toString $task.queue)) }}
@@ -136,6 +136,7 @@ Call with (dict "root" $ "task" $task).
 {{- if and $job.podFailurePolicy (ne (toString $job.restartPolicy) "Never") }}
 {{- fail (printf "task %q: podFailurePolicy needs restartPolicy Never; set podFailurePolicy: null to use %s" $name (toString $job.restartPolicy)) }}
 {{- end }}
+{{- $_ := include "cron-runner.policies" . }}
 {{- end }}
 
 {{/*

@@ -1,0 +1,231 @@
+"""The journal: the one schema of what runs leave in Redis about themselves (docs/design.md).
+
+Two records, both written in the finish script that releases or completes the lease
+(runner.lease.scripts, FINISH), or in its record mode when there is no lease to touch:
+
+- the **run record**, one entry of the task's run stream (``XADD``): one run, as ``history``
+  lists it;
+- the **state hash**: the task's last run, its last success, last failure and last enqueue,
+  and what the watchdog judges it by (schedule, time zone, max runtime).
+
+Writers: a run (runner.run.execution, through its ``Lease``), a queue worker for each job
+(runner.queue.worker, through ``record_unleased``), the admin commands (``unlock`` and
+``ack`` add a record; the watchdog adds ``expected_since``, ``ledger_until`` and
+``max_runtime_ms``). Readers: ``status``, ``history``, ``serve`` and the watchdog
+(runner.ops.state). Every name and value here is read by the previous release too: change
+none, only add.
+
+Where a worker's writes differ from a run's, on purpose:
+
+- its record carries ``message_id`` (the Dramatiq message; ``''`` when unknown), after
+  ``duration_ms`` and before ``error``;
+- its state sets neither ``schedule``, ``timezone`` nor ``max_runtime_ms``: those are the
+  enqueueing CronJob's, which its run stores; a worker leaves them as they are;
+- its state is written unfenced: the job carries the fence of the enqueue that sent it,
+  which a later enqueue may have passed;
+- its outcomes are ``ran`` and ``failed`` (a job put back at shutdown records nothing), so it
+  never touches the ``last_enqueued_*`` summary, which only an enqueueing run writes;
+- its holder is the worker's id, and ``last_slot`` is written only for a job with a slot.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from redis.exceptions import RedisError
+
+from runner.errors import FinishIncomplete
+from runner.keys import TaskKeys
+from runner.lease.scripts import Finished, finish
+from runner.outcomes import ENQUEUED, RAN
+
+log = logging.getLogger("runner")
+
+Fields = dict[str, str | int | float]
+
+# -- the run record (one stream entry) ----------------------------------------------------------
+SLOT = "slot"  # '' for a manual run (and for a skipped_stale one: see runner.run.execution)
+HOLDER = "holder"
+FENCE = "fence"
+OUTCOME = "outcome"
+EXIT_CODE = "exit_code"
+STARTED_AT = "started_at"  # epoch seconds, 3 decimals
+DURATION_MS = "duration_ms"
+MESSAGE_ID = "message_id"  # a queue worker's only
+ERROR = "error"  # only when there is one, cut to ERROR_MAX_CHARS
+UNLOCKED = "unlocked"  # an unlock's record: the token it removed (the UNLOCK script writes it)
+ERROR_MAX_CHARS = 500
+
+# -- the state hash ---------------------------------------------------------------------------
+LAST_RUN_AT = "last_run_at"
+LAST_OUTCOME = "last_outcome"
+LAST_FENCE = "last_fence"  # also what a finish compares before it writes the hash (FINISH)
+LAST_HOLDER = "last_holder"
+LAST_SLOT = "last_slot"
+SCHEDULE = "schedule"
+TIMEZONE = "timezone"
+MAX_RUNTIME_MS = "max_runtime_ms"  # a run holding the lease longer is reported
+LAST_FAILURE_OUTCOME = "last_failure_outcome"
+LAST_FAILURE_EXIT_CODE = "last_failure_exit_code"
+#: When a watchdog was first told to expect a task that had not run yet.
+EXPECTED_SINCE = "expected_since"
+#: The watchdog's ledger has judged every fire time up to here (epoch seconds).
+LEDGER_UNTIL = "ledger_until"
+#: '1' once the task is in its scope's index (Lease.index).
+INDEXED = "indexed"
+
+# Three summaries, each three fields: ``<summary>_at``, ``<summary>_duration_ms`` and, for a
+# run with a slot, ``<summary>_slot``.
+LAST_SUCCESS = "last_success"
+LAST_FAILURE = "last_failure"
+LAST_ENQUEUED = "last_enqueued"  # queue mode: an enqueue is not the task's success
+# Every outcome but these two that reaches the state hash is a failure (runner.outcomes: the
+# skips record no state).
+_SUMMARY_OF = {RAN: LAST_SUCCESS, ENQUEUED: LAST_ENQUEUED}
+
+
+def summary_of(outcome: str) -> str:
+    """Which summary of the state hash an outcome updates."""
+    return _SUMMARY_OF.get(outcome, LAST_FAILURE)
+
+
+def at_field(summary: str) -> str:
+    return f"{summary}_at"
+
+
+def duration_field(summary: str) -> str:
+    return f"{summary}_duration_ms"
+
+
+def slot_field(summary: str) -> str:
+    return f"{summary}_slot"
+
+
+def timestamp(t_s: float) -> str:
+    """Times are stored as epoch seconds with three decimals."""
+    return f"{t_s:.3f}"
+
+
+def run_record(
+    *,
+    slot: int | None,
+    holder: str,
+    fence: int,
+    outcome: str,
+    exit_code: int,
+    started_at_s: float,
+    duration_ms: int,
+    error: str | None = None,
+    message_id: str | None = None,
+) -> Fields:
+    """One entry of the run stream. ``message_id``: a queue worker's job (None for a run)."""
+    record: Fields = {
+        SLOT: "" if slot is None else slot,
+        HOLDER: holder,
+        FENCE: fence,
+        OUTCOME: outcome,
+        EXIT_CODE: exit_code,
+        STARTED_AT: timestamp(started_at_s),
+        DURATION_MS: duration_ms,
+    }
+    if message_id is not None:
+        record[MESSAGE_ID] = message_id
+    if error:
+        record[ERROR] = error[:ERROR_MAX_CHARS]
+    return record
+
+
+def admin_record(outcome: str, holder: str, at_s: float) -> Fields:
+    """The record of an admin's act (``unlock``, ``ack``): who, when, no run behind it."""
+    return {OUTCOME: outcome, HOLDER: holder, STARTED_AT: timestamp(at_s), DURATION_MS: 0}
+
+
+def state(
+    *,
+    outcome: str,
+    exit_code: int,
+    fence: int,
+    holder: str,
+    slot: int | None,
+    at_s: float,
+    duration_ms: int,
+    schedule: str | None = None,
+    timezone: str = "UTC",
+    max_runtime_s: float | None = None,
+) -> Fields:
+    """The state hash's fields for an outcome. ``schedule`` (with its ``timezone``) and
+    ``max_runtime_s``: a run's settings, stored for status and the watchdog; a queue worker
+    passes neither, and the hash keeps the enqueueing run's."""
+    now = timestamp(at_s)
+    fields: Fields = {
+        LAST_RUN_AT: now,
+        LAST_OUTCOME: outcome,
+        LAST_FENCE: fence,
+        LAST_HOLDER: holder,
+    }
+    if slot is not None:
+        fields[LAST_SLOT] = slot
+    if schedule:
+        fields[SCHEDULE] = schedule
+        fields[TIMEZONE] = timezone
+    if max_runtime_s:
+        fields[MAX_RUNTIME_MS] = int(max_runtime_s * 1000)
+    summary = summary_of(outcome)
+    fields[at_field(summary)] = now
+    fields[duration_field(summary)] = duration_ms
+    if slot is not None:
+        fields[slot_field(summary)] = slot
+    if summary == LAST_FAILURE:
+        fields[LAST_FAILURE_OUTCOME] = outcome
+        fields[LAST_FAILURE_EXIT_CODE] = exit_code
+    return fields
+
+
+def _text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+# The finish script's record mode, as Lease.record calls it: an empty token (no owner check,
+# the lease untouched), no slot marker; the retention is only read with a marker.
+_RECORD_TOKEN = ""
+_RECORD_RETENTION_MS = 3_600_000
+_UNFENCED = ""
+
+
+def record_unleased(
+    client: Any, keys: TaskKeys, record: Fields, state_fields: Fields, *, runs_maxlen: int
+) -> Finished:
+    """Write a record and the state for an outcome that holds no lease (a queue worker's job),
+    in one round trip, unfenced (see the module's docstring); then, the first time, add the
+    task to its scope's index, as a run's finish does.
+
+    Raises ``FinishIncomplete`` when the script could not make every write (an ACL refusal, a
+    key of the wrong type), and what Redis raises when it cannot be reached.
+    """
+    reply = finish(
+        client, keys, lease_key=keys.lease, token=_RECORD_TOKEN, runs_maxlen=runs_maxlen,
+        retention_ms=_RECORD_RETENTION_MS, fence=_UNFENCED, record=record, state=state_fields,
+    )  # fmt: skip
+    if _text(reply[0]) == "partial":
+        failed = [_text(x) for x in reply[3:]]
+        raise FinishIncomplete("record", failed, _text(reply[1]), None, _RECORD_RETENTION_MS)
+    if state_fields and len(reply) > 3 and not _text(reply[3]):
+        _index(client, keys)
+    return Finished(stale_state=_text(reply[2]) == "1")
+
+
+def _index(client: Any, keys: TaskKeys) -> None:
+    """Lease.index without a lease: the scope's index, then the mark in the state hash."""
+    try:
+        pipe = client.pipeline(transaction=False)
+        pipe.sadd(keys.index, keys.task)
+        pipe.hset(keys.state, INDEXED, "1")
+        pipe.execute()
+    except RedisError as exc:  # recorded already: only `status` under a strict ACL misses it
+        log.warning(
+            f"could not add {keys.task} to the scope's task index {keys.index} ({exc}): "
+            "`status` and `watchdog` under an ACL without +scan will not list it (the ACL "
+            "needs +sadd)",
+            extra={"event": "index_failed", "task": keys.task},
+        )

@@ -1,0 +1,74 @@
+"""Which queue a task's messages go to, and which retry and time-limit options they carry:
+the enqueueing CronJob's (CRON_RUNNER_QUEUE, _RETRIES_*, _TIME_LIMIT), else the task's
+``@task(...)``, else the worker's defaults (docs/design.md, Queue mode).
+
+Plain functions over the registry and settings; no Dramatiq, no Redis.
+"""
+
+from __future__ import annotations
+
+from runner.config.queue import DEFAULT_MAX_BACKOFF_S, DEFAULT_MIN_BACKOFF_S, DEFAULT_RETRIES
+from runner.errors import ConfigError
+from runner.tasks import QUEUE_NAME_RE, QueueOptions, Registry, TaskSpec, queue_options
+
+
+def queue_of(spec: TaskSpec) -> str:
+    """The queue a task's messages go to: its ``@task(queue=...)``, else its own name."""
+    queue = queue_options(spec.fn).queue or spec.name
+    if not QUEUE_NAME_RE.match(queue):
+        raise ConfigError(
+            f"task {spec.name!r}: its name cannot be a queue name (it must start with a letter "
+            "or '_'): give it one with @task(..., queue='name')"
+        )
+    return queue
+
+
+def registered_queue(registry: Registry, task: str) -> str | None:
+    """The queue of a registered task (``queue_of``); None when it is not registered."""
+    return queue_of(registry.resolve(task)) if task in registry.names() else None
+
+
+def effective_options(spec: TaskSpec, overrides: QueueOptions) -> QueueOptions:
+    """What the worker applies to ``spec``'s message: the enqueueing CronJob's settings, else
+    the task's ``@task`` options, else the worker's defaults (no time limit)."""
+    declared = queue_options(spec.fn)
+
+    def first(*values: float | None) -> float | None:
+        return next((v for v in values if v is not None), None)
+
+    retries = first(overrides.max_retries, declared.max_retries, DEFAULT_RETRIES)
+    return QueueOptions(
+        queue=overrides.queue or declared.queue or spec.name,
+        max_retries=None if retries is None else int(retries),
+        min_backoff_s=first(overrides.min_backoff_s, declared.min_backoff_s, DEFAULT_MIN_BACKOFF_S),
+        max_backoff_s=first(overrides.max_backoff_s, declared.max_backoff_s, DEFAULT_MAX_BACKOFF_S),
+        time_limit_s=first(overrides.time_limit_s, declared.time_limit_s),
+    )
+
+
+def check_backoff(spec: TaskSpec, overrides: QueueOptions) -> None:
+    """One bound from the environment and the other from @task or the worker's default can
+    cross: refuse that here rather than let Dramatiq quietly cap every delay at the maximum."""
+    applied = effective_options(spec, overrides)
+    assert applied.min_backoff_s is not None and applied.max_backoff_s is not None
+    if applied.min_backoff_s > applied.max_backoff_s:
+        raise ConfigError(
+            f"task {spec.name!r}: the minimum retry backoff ({applied.min_backoff_s:g}s) is above "
+            f"the maximum ({applied.max_backoff_s:g}s): set CRON_RUNNER_RETRIES_MIN_BACKOFF and "
+            "CRON_RUNNER_RETRIES_MAX_BACKOFF together (the chart's retries.minBackoff and "
+            "retries.maxBackoff)"
+        )
+
+
+def message_options(overrides: QueueOptions) -> dict[str, int]:
+    """Per-message options in Dramatiq's units, read by its Retries and TimeLimit middleware
+    before the actor's own (dramatiq/middleware/retries.py, time_limit.py)."""
+    options: dict[str, int] = {}
+    if overrides.max_retries is not None:
+        options["max_retries"] = overrides.max_retries
+    for key, seconds in (("min_backoff", overrides.min_backoff_s),
+                         ("max_backoff", overrides.max_backoff_s),
+                         ("time_limit", overrides.time_limit_s)):  # fmt: skip
+        if seconds is not None:
+            options[key] = max(1, round(seconds * 1000))
+    return options
