@@ -174,9 +174,9 @@ def test_allow_other_slots_runs_consecutive_slots_side_by_side_each_once(
 ) -> None:
     c = clusters("allow-other-slots")
     s0, s1 = recent_slots(2)
-    c.start_slot(s0, seconds=4.0)
+    c.start_slot(s0, seconds=8.0)
     wait_for(lambda: c.ticked(s0), what="the first slot's task")
-    c.start_slot(s1, seconds=1.0)
+    c.start_slot(s1, seconds=6.0)
     wait_for(lambda: c.ticked(s1), what="the second slot's task")
     # A lease per slot, and the task's own lease shows one of the runs: status sees it running
     # (the one shown ends first: the other shows itself at its next renewal, TTL/3).
@@ -188,7 +188,7 @@ def test_allow_other_slots_runs_consecutive_slots_side_by_side_each_once(
     assert ran_per_slot(results) == {s0: 1, s1: 1}, results
     first, second = c.by_slot(s0), c.by_slot(s1)
     overlap_s = max(t.t for t in first) - min(t.t for t in second)
-    assert overlap_s > 0.5, overlap_s  # both ran at once
+    assert overlap_s > 1.0, overlap_s  # both ran at once
     assert min(t.fence for t in first) < min(t.fence for t in second)
     assert sorted(r["slot"] for r in history(redis_server) if r["outcome"] == "ran") == [s0, s1]
 
