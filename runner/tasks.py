@@ -18,6 +18,7 @@ from importlib.metadata import entry_points
 from types import ModuleType
 from typing import Any, NamedTuple
 
+from runner.config.settings import CATCHUPS
 from runner.config.sources import parse_duration
 from runner.errors import Cancelled, ConfigError, UnknownTask
 from runner.keys import validate_name
@@ -25,6 +26,7 @@ from runner.keys import validate_name
 ENTRY_POINT_GROUP = "cron_runner.tasks"
 _MARK = "__cron_runner_task__"
 _QUEUE_MARK = "__cron_runner_queue__"
+_CATCHUP_MARK = "__cron_runner_catchup__"
 # Dramatiq's rule for queue names; the default queue is the task's own name.
 QUEUE_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9._-]{0,62}\Z")
 
@@ -46,6 +48,14 @@ class QueueOptions(NamedTuple):
     time_limit_s: float | None = None
 
 
+class CatchupOptions(NamedTuple):
+    """The task's catch-up (docs/design.md, Catch-up), given to ``@task``: the defaults of
+    settings that a flag or a ``CRON_RUNNER_*`` variable still overrides. ``None``: not given."""
+
+    catchup: str | None = None
+    catchup_window_s: float | None = None
+
+
 def _seconds(what: str, value: Duration | None) -> float | None:
     if value is None:
         return None
@@ -63,6 +73,8 @@ def task(
     min_backoff: Duration | None = None,
     max_backoff: Duration | None = None,
     time_limit: Duration | None = None,
+    catchup: str | None = None,
+    catchup_window: Duration | None = None,
 ) -> Callable[[TaskFn], TaskFn]:
     """Register ``fn(ctx: RunContext) -> None`` under ``name``.
 
@@ -70,6 +82,10 @@ def task(
     the task name), how often a failed run is retried (``retries``) with exponential backoff
     and jitter between ``min_backoff`` and ``max_backoff``, and the worker's ``time_limit``
     for one run. Durations are seconds or strings such as ``'30s'``, ``'5m'``.
+
+    ``catchup`` (none, latest, all) and ``catchup_window``: what a run does with earlier slots
+    of its schedule that never ran, within the window (docs/design.md, Catch-up);
+    CRON_RUNNER_CATCHUP and CRON_RUNNER_CATCHUP_WINDOW (or --catchup, --catchup-window) win.
     """
     validate_name("task name", name)
     if queue is not None and not QUEUE_NAME_RE.match(queue):
@@ -89,10 +105,12 @@ def task(
     low, high = options.min_backoff_s, options.max_backoff_s
     if low is not None and high is not None and low > high:
         raise ConfigError(f"task {name!r}: min_backoff is above max_backoff")
+    catching_up = _catchup_options(name, catchup, catchup_window)
 
     def mark(fn: TaskFn) -> TaskFn:
         setattr(fn, _MARK, name)
         setattr(fn, _QUEUE_MARK, options)
+        setattr(fn, _CATCHUP_MARK, catching_up)
         return fn
 
     return mark
@@ -102,6 +120,26 @@ def queue_options(fn: TaskFn) -> QueueOptions:
     """The queue options given to ``@task``, or the defaults for an undecorated function."""
     options = getattr(fn, _QUEUE_MARK, None)
     return options if isinstance(options, QueueOptions) else QueueOptions()
+
+
+def _catchup_options(name: str, catchup: str | None, window: Duration | None) -> CatchupOptions:
+    if catchup is not None and catchup not in CATCHUPS:
+        raise ConfigError(
+            f"task {name!r}: catchup={catchup!r} is not valid: expected one of {', '.join(CATCHUPS)}"
+        )
+    window_s = None
+    if window is not None:
+        what = f"task {name!r}: catchup_window"
+        window_s = parse_duration(window, what) if isinstance(window, str) else float(window)
+        if window_s < 0:
+            raise ConfigError(f"{what}={window!r} is negative: expected a duration >= 0")
+    return CatchupOptions(catchup, window_s)
+
+
+def catchup_options(fn: TaskFn) -> CatchupOptions:
+    """The catch-up given to ``@task``, or none for an undecorated function."""
+    options = getattr(fn, _CATCHUP_MARK, None)
+    return options if isinstance(options, CatchupOptions) else CatchupOptions()
 
 
 @dataclass

@@ -16,8 +16,10 @@ from runner.config.sources import FLAG_DEST_PREFIX, setting_flags
 from runner.errors import ConfigError, CronRunnerError, Terminated, UsageError
 
 if TYPE_CHECKING:
+    from runner.run.execution import Asked
     from runner.run.observer import RunObserver
     from runner.run.targets import Target
+    from runner.tasks import CatchupOptions
 
 log = logging.getLogger("runner")
 
@@ -55,6 +57,10 @@ ENVIRONMENT = """environment (flags win over variables):
                                  too_late and does not run (default 300s)
   CRON_RUNNER_HELD_WAIT          a run of the same slot holds the lease: wait this long for it to
                                  finish, renew or expire (default the TTL + 10s)
+  CRON_RUNNER_CATCHUP            earlier slots within the window that never ran: none (default),
+                                 latest (run the newest once), all (run each, oldest first)
+  CRON_RUNNER_CATCHUP_WINDOW     how far back a run looks for them, e.g. 3h; a run late by up to
+                                 this still runs its own slot
   CRON_RUNNER_REDEFINE           true: replace the task's stored definition (schedule, zone,
                                  command) with this one, on purpose; otherwise a conflict exits 78
   CRON_RUNNER_SHUTDOWN_GRACE     after SIGTERM, wait this long before killing the task (default 25s)
@@ -87,9 +93,11 @@ SETTING_FLAGS = {
     "LOG_FORMAT": "json or text",
     "LOG_LEVEL": "debug, info, warning or error",
     "MODE": "run (run the task here) or enqueue (send one message per slot to the workers)",
+    "CATCHUP": "earlier slots within the window that never ran: none, latest or all",
+    "CATCHUP_WINDOW": "how far back to look for slots that never ran, e.g. 3h",
 }
 RUN_FLAGS = ("LEASE_TTL", "CONNECT_TIMEOUT", "SCHEDULE", "TIMEZONE", "SKEW_TOLERANCE",
-             "SHUTDOWN_GRACE", "HOLDER")  # fmt: skip
+             "SHUTDOWN_GRACE", "HOLDER", "CATCHUP", "CATCHUP_WINDOW")  # fmt: skip
 COMMON_FLAGS = ("REDIS_URL", "SCOPE", "LOG_FORMAT", "LOG_LEVEL")
 
 
@@ -252,16 +260,26 @@ def cmd_import(args: argparse.Namespace, settings: Settings) -> int:
 def cmd_run(args: argparse.Namespace, settings: Settings) -> int:
     from runner.keys import validate_name  # noqa: PLC0415
     from runner.run.targets import PythonTarget  # noqa: PLC0415
-    from runner.tasks import Registry  # noqa: PLC0415
+    from runner.tasks import Registry, catchup_options  # noqa: PLC0415
 
     spec = Registry.discover(settings.run.task_modules).resolve(args.task)
     name = args.name or spec.name
     validate_name("--name", name)
+    settings = with_catchup(settings, catchup_options(spec.fn))
     if settings.run.mode == "enqueue":
         from runner.cli.queue import enqueue_target  # noqa: PLC0415 - queue mode only
 
         return _execute(settings, name, enqueue_target(settings, spec), f"enqueue {spec.name}")
     return _execute(settings, name, PythonTarget(spec.fn), f"run {spec.name}")
+
+
+def with_catchup(settings: Settings, options: CatchupOptions) -> Settings:
+    """The task's own ``@task`` catch-up, where no flag or variable set it."""
+    s = settings.slots
+    window_s = s.catchup_window_s if s.catchup_window_s is not None else options.catchup_window_s
+    return settings._replace(
+        slots=s._replace(catchup=s.catchup or options.catchup, catchup_window_s=window_s)
+    )
 
 
 def cmd_exec(args: argparse.Namespace, settings: Settings) -> int:
@@ -293,7 +311,9 @@ def _command_definition(argv: list[str]) -> str:
     return f"exec {os.path.basename(argv[0])}"  # noqa: PTH119
 
 
-def _execute(settings: Settings, task_name: str, target: Target, what: str) -> int:
+def _execute(
+    settings: Settings, task_name: str, target: Target, what: str, asked: Asked | None = None
+) -> int:
     from runner.lease import store  # noqa: PLC0415
     from runner.run.execution import Execution  # noqa: PLC0415
     from runner.signals import Shutdown  # noqa: PLC0415
@@ -303,8 +323,9 @@ def _execute(settings: Settings, task_name: str, target: Target, what: str) -> i
     client = store.connect(settings.redis, settings.lease.ttl_s)
     try:
         result = Execution(
-            settings, client, task_name, target, shutdown, observer=observer, what=what
-        ).run()
+            settings, client, task_name, target, shutdown, observer=observer, what=what,
+            asked=asked,
+        ).run()  # fmt: skip
     finally:
         client.close()
         observer.close()
