@@ -28,8 +28,15 @@ ALL: Final = "all"
 #: The most slots a window may hold: each is one more key the acquire script reads.
 MAX_WINDOW_SLOTS: Final = 1000
 
-CATCHUP: Final = "CRON_RUNNER_CATCHUP (--catchup, @task(catchup=))"
 WINDOW: Final = "CRON_RUNNER_CATCHUP_WINDOW (--catchup-window, @task(catchup_window=))"
+
+
+def _catchup_is(value: str | None) -> str:
+    return f"CRON_RUNNER_CATCHUP={value} (--catchup, @task(catchup=))"
+
+
+def _window_is(window_s: float) -> str:
+    return f"CRON_RUNNER_CATCHUP_WINDOW={window_s:.0f}s (--catchup-window, @task(catchup_window=))"
 
 
 def schedule_of(settings: Settings) -> Schedule:
@@ -52,29 +59,29 @@ def check_catchup(settings: Settings, overlap: str) -> None:
     window_s = s.catchup_window_s or 0.0
     if window_s <= 0:
         raise ConfigError(
-            f"{CATCHUP}={s.catchup} needs a window: set {WINDOW} to a duration > 0, e.g. '3h' "
+            f"{_catchup_is(s.catchup)} needs a window: set {WINDOW} to a duration > 0, e.g. '3h' "
             "(how far back a run looks for slots that never ran)"
         )
     if not s.schedule:
         raise ConfigError(
-            f"{CATCHUP}={s.catchup} needs a schedule (CRON_RUNNER_SCHEDULE, --schedule): the "
+            f"{_catchup_is(s.catchup)} needs a schedule (CRON_RUNNER_SCHEDULE, --schedule): the "
             "slots to catch up are the schedule's"
         )
     if overlap == ALLOW_OTHER_SLOTS:
         raise ConfigError(
-            f"{CATCHUP}={s.catchup} cannot run with CRON_RUNNER_OVERLAP={ALLOW_OTHER_SLOTS}: "
+            f"{_catchup_is(s.catchup)} cannot run with CRON_RUNNER_OVERLAP={ALLOW_OTHER_SLOTS}: "
             "caught-up slots run one after another under the run's lease, and under "
-            f"{ALLOW_OTHER_SLOTS} each slot needs a lease of its own; set {CATCHUP}=none or "
-            "another overlap policy"
+            f"{ALLOW_OTHER_SLOTS} each slot needs a lease of its own; set CRON_RUNNER_CATCHUP=none "
+            "or another overlap policy"
         )
     try:
         schedule = schedule_of(settings)
     except ConfigError as exc:
-        raise ConfigError(f"{CATCHUP}={s.catchup}: CRON_RUNNER_SCHEDULE: {exc}") from exc
+        raise ConfigError(f"{_catchup_is(s.catchup)}: CRON_RUNNER_SCHEDULE: {exc}") from exc
     most = -(-window_s // schedule.min_gap_s)  # ceil: slots at least min_gap_s apart
     if most > MAX_WINDOW_SLOTS:
         raise ConfigError(
-            f"{WINDOW}={window_s:.0f}s holds up to {most:.0f} slots of {schedule.expr!r} (one every "
+            f"{_window_is(window_s)} holds up to {most:.0f} slots of {schedule.expr!r} (one every "
             f"{schedule.min_gap_s:g}s at the most): expected at most {MAX_WINDOW_SLOTS}, a "
             f"window of at most {MAX_WINDOW_SLOTS * schedule.min_gap_s:g}s"
         )
@@ -82,7 +89,7 @@ def check_catchup(settings: Settings, overlap: str) -> None:
     needed_s = catchup_retention_s(s, schedule)
     if explicit_s is not None and explicit_s < needed_s:
         raise ConfigError(
-            f"{WINDOW}={window_s:.0f}s needs slot markers kept at least {needed_s:g}s (the window, "
+            f"{_window_is(window_s)} needs slot markers kept at least {needed_s:g}s (the window, "
             f"the schedule's longest gap of {schedule.max_gap_s:g}s and twice the skew tolerance), "
             f"but CRON_RUNNER_SLOT_RETENTION={explicit_s:g}s keeps them shorter: a slot whose "
             "marker expired cannot be proven unrun. Raise CRON_RUNNER_SLOT_RETENTION, or unset it "

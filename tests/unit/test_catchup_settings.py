@@ -55,17 +55,17 @@ def test_bad_values_name_their_setting(
 @pytest.mark.parametrize(
     ("env", "overlap", "message"),
     [
-        ({"CATCHUP": "all", "SCHEDULE": "0 * * * *"}, "skip", "=all needs a window"),
-        ({"CATCHUP": "latest", "CATCHUP_WINDOW": "1h"}, "skip", "=latest needs a schedule"),
+        ({"CATCHUP": "all", "SCHEDULE": "0 * * * *"}, "skip", r"=all \(--catchup, @task\(catchup=\)\) needs a window"),
+        ({"CATCHUP": "latest", "CATCHUP_WINDOW": "1h"}, "skip", r"CRON_RUNNER_CATCHUP=latest .* needs a schedule"),
         ({"CATCHUP": "all", "CATCHUP_WINDOW": "1h", "SCHEDULE": "0 * * * *"},
          "allow-other-slots", "cannot run with CRON_RUNNER_OVERLAP=allow-other-slots"),
         # 1,000 slots of a one-minute schedule is the most a window holds.
         ({"CATCHUP": "all", "CATCHUP_WINDOW": "1001m", "SCHEDULE": "* * * * *"}, "skip",
-         r"=60060s holds up to 1001 slots of '\* \* \* \* \*'.*at most 1000, a window of at "
+         r"=60060s \(--catchup-window, @task\(catchup_window=\)\) holds up to 1001 slots of '\* \* \* \* \*'.*at most 1000, a window of at "
          "most 60000s"),
         ({"CATCHUP": "all", "CATCHUP_WINDOW": "3h", "SCHEDULE": "0 * * * *",
           "SLOT_RETENTION": "4h"}, "skip",
-         r"CRON_RUNNER_CATCHUP_WINDOW .*=10800s needs slot markers kept at least 14460s.*"
+         r"CRON_RUNNER_CATCHUP_WINDOW=10800s .* needs slot markers kept at least 14460s.*"
          "CRON_RUNNER_SLOT_RETENTION=14400s"),
         ({"CATCHUP": "all", "CATCHUP_WINDOW": "3h", "SCHEDULE": "@every 1h",
           "JOB_NAME": "x-29000000"}, "skip", "CRON_RUNNER_SCHEDULE: bad cron expression"),
