@@ -185,6 +185,9 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     from runner.cli import queue as queue_cli  # noqa: PLC0415 - worker and dlq; Dramatiq only in handlers
 
     queue_cli.add_commands(sub, lambda p, names: _add_setting_flags(p, (*names, *COMMON_FLAGS)))
+    from runner.cli import manual  # noqa: PLC0415 - trigger and backfill
+
+    manual.add_commands(sub, lambda p, names: _add_setting_flags(p, (*names, *COMMON_FLAGS)))
 
     p = sub.add_parser(
         "import",
