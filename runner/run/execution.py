@@ -4,6 +4,10 @@ record (docs/design.md, Decisions inside the lease).
 What a run does when it may not simply run its slot (held, late, stale) is decided in
 runner.run.policy; the slot and its marker's retention come from runner.schedule.slots. All
 stopping logic lives here, in ordinary code: a stop signal only sets the flag (runner.signals).
+
+A run that catches up runs the earlier slots it is given before its own, under the same lease
+(runner.schedule.catchup chooses them); a run an operator asks for (``Asked``: trigger,
+backfill) has its slot given (docs/design.md, Catch-up, trigger and backfill).
 """
 
 from __future__ import annotations
@@ -136,6 +140,10 @@ class Execution:
         self.asked = asked
         if asked is None:
             catchup.check_catchup(settings, self.lease.overlap)
+        if asked is None and settings.slots.catches_up:
+            # A slot skipped on purpose (paused, superseded, held by an earlier slot) is not
+            # missed: its record on the marker must outlive the window, as a run's marker does.
+            self.lease.skip_ttl_ms = int(retention_s(settings) * 1000)
         # Catch-up: the window's slots the acquire script judges, and those this run then runs.
         self._candidates: list[int] = []
         self._catching_up: tuple[int, ...] = ()

@@ -19,6 +19,7 @@ import pytest
 
 from runner.errors import ConfigError
 from runner.lease import store
+from runner.lease.scripts import new_token
 from runner.outcomes import FAILED, RAN, SKIPPED_DONE, SKIPPED_HELD, TERMINATED, TOO_LATE
 from runner.run.execution import Execution, RunResult
 from runner.run.targets import CommandTarget
@@ -151,6 +152,24 @@ def test_nothing_before_the_first_run_of_this_release_is_missed(h: Harness) -> N
     h.wall_at(AT_13 + 5)
     assert h.run(task, h.settings(**HOURLY, CATCHUP="all", CATCHUP_WINDOW="3h")).outcome == RAN
 
+    assert task.slots == [AT_12, AT_13]
+
+
+def test_a_slot_skipped_for_an_earlier_slots_run_is_not_missed(h: Harness) -> None:
+    ran_at_10(h, Calls())
+    # A run of 10:00 goes on past 11:00 (its lease, as the acquire script leaves it).
+    h.redis().set(h.keys.lease, new_token("long", AT_10), px=60_000)
+    h.wall_at(AT_11 + 5)
+    settings = h.settings(**HOURLY, CATCHUP="all", CATCHUP_WINDOW="3h")
+    assert h.run(Calls(), settings).outcome == SKIPPED_HELD
+    # Its skip is kept as long as a run's marker: it outlives the window, and stays decided.
+    assert h.marker(AT_11)["skipped"] == SKIPPED_HELD
+    assert pttl_ms(h.redis(), h.keys.slot(AT_11)) > 4 * HOUR * 1000
+    h.redis().delete(h.keys.lease)
+
+    task = Calls()
+    h.wall_at(AT_13 + 5)
+    h.run(task, settings)
     assert task.slots == [AT_12, AT_13]
 
 
