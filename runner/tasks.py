@@ -49,8 +49,9 @@ class QueueOptions(NamedTuple):
 
 
 class CatchupOptions(NamedTuple):
-    """The task's catch-up (docs/design.md, Catch-up), given to ``@task``: the defaults of
-    settings that a flag or a ``CRON_RUNNER_*`` variable still overrides. ``None``: not given."""
+    """The task's catch-up, given to ``@task`` (docs/design.md, Catch-up, trigger and backfill):
+    the defaults of settings that a flag or a ``CRON_RUNNER_*`` variable still overrides.
+    ``None``: not given."""
 
     catchup: str | None = None
     catchup_window_s: float | None = None
@@ -84,8 +85,8 @@ def task(
     for one run. Durations are seconds or strings such as ``'30s'``, ``'5m'``.
 
     ``catchup`` (none, latest, all) and ``catchup_window``: what a run does with earlier slots
-    of its schedule that never ran, within the window (docs/design.md, Catch-up);
-    CRON_RUNNER_CATCHUP and CRON_RUNNER_CATCHUP_WINDOW (or --catchup, --catchup-window) win.
+    of its schedule that never ran, within the window (docs/design.md, Catch-up, trigger and
+    backfill); CRON_RUNNER_CATCHUP and CRON_RUNNER_CATCHUP_WINDOW (or --catchup, --catchup-window) win.
     """
     validate_name("task name", name)
     if queue is not None and not QUEUE_NAME_RE.match(queue):

@@ -1,5 +1,5 @@
 """Runs an operator asks for: ``trigger`` (one run now, outside the schedule) and ``backfill``
-(each slot of a past range that never ran) (docs/design.md, Trigger and backfill).
+(each slot of a past range that never ran); docs/design.md, Catch-up, trigger and backfill.
 
 Both take a registered task (``TASK``, as ``run``) or a command (``--name NAME -- CMD...``, as
 ``exec``), and run under the task's lease as its scheduled runs do. Only the parsers live here:

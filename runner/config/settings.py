@@ -105,8 +105,8 @@ class LeaseSettings(NamedTuple):
         return LeaseTimings(self.ttl_s)
 
 
-# Catch-up (docs/design.md, Catch-up): what a run does with earlier slots of its schedule that
-# never ran. Checked with the schedule and the task's @task options, once a run has them all
+# Catch-up (docs/design.md, Catch-up, trigger and backfill): what a run does with earlier slots
+# of its schedule that never ran. Checked with the schedule and the task's @task options, once a run has them all
 # (runner.schedule.catchup.check_catchup).
 CATCHUP_NONE = "none"
 CATCHUPS = (CATCHUP_NONE, "latest", "all")

@@ -1,5 +1,5 @@
 """Backfill: run each slot of a past range that never ran, oldest first, one run per slot
-(docs/design.md, Trigger and backfill).
+(docs/design.md, Catch-up, trigger and backfill).
 
 Each slot is a run of its own (runner.run.execution, ``Asked(slot)``): its own acquire, which
 checks the slot's marker inside Redis, its own task and its own complete. A slot already done is

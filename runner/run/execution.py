@@ -74,8 +74,8 @@ class Asked(NamedTuple):
     """A run an operator asked for, not the schedule: ``cron-runner trigger`` (slot None: a run
     now, recorded as triggered) or one slot of ``cron-runner backfill``. Its slot is given, so
     neither its age, the starting deadline nor catch-up applies; a backfilled slot writes its run
-    record but not the task's state, which stays its latest slot's (docs/design.md, Trigger and
-    backfill)."""
+    record but not the task's state, which stays its latest slot's (docs/design.md, Catch-up,
+    trigger and backfill)."""
 
     slot: int | None
 
@@ -321,7 +321,7 @@ class Execution:
 
     def _catch_up(self, keeper: Keeper, fence: int, slot: int) -> RunResult | None:
         """Run ``slot``, an earlier slot that never ran, under the lease held (same fence), and
-        mark it done keeping the lease (docs/design.md, Catch-up).
+        mark it done keeping the lease (docs/design.md, Catch-up, trigger and backfill).
 
         None: go on to the next slot. A slot that failed is recorded and left unmarked: each
         slot is a run of its own, as if it had fired on time, so the others still run, and a

@@ -1,5 +1,5 @@
 """Catch-up: which earlier slots of its schedule a run may run late, and the checks of its
-settings (docs/design.md, Catch-up).
+settings (docs/design.md, Catch-up, trigger and backfill).
 
 A run that catches up (CRON_RUNNER_CATCHUP latest or all) hands the acquire script the slot
 markers of its window, [own slot - CRON_RUNNER_CATCHUP_WINDOW, own slot); the script answers

@@ -516,7 +516,7 @@ def stale_slot_reason(settings: Settings, slot: int | None, now_s: float) -> str
 
 def catchup_retention_s(s: SlotSettings, schedule: Schedule) -> float:
     """How long slot markers must be kept for catch-up to prove a slot of its window unrun (0
-    when the task does not catch up; docs/design.md, Catch-up).
+    when the task does not catch up; docs/design.md, Catch-up, trigger and backfill).
 
     A run looks back over the window from its own slot, and starts before the next slot: its
     oldest candidate is at most the window plus the longest gap old. The marker of a run of that

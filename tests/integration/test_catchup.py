@@ -1,6 +1,7 @@
 """Catch-up, in-process (tests/helpers/harness.py): an hourly task whose runs at 11:00 and 12:00
 never happened, run again at 13:00 by two servers racing; the real lease on a real Redis, the
-runners' wall clock set through the clock seam (docs/design.md, Catch-up).
+runners' wall clock set through the clock seam (docs/design.md, Catch-up, trigger and
+backfill).
 
 Redis's own clock is not faked: the task's meta ``since`` (its first run of this release, which
 slots before are not missed) is set to the fake 10:00 by hand.

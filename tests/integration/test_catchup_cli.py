@@ -1,6 +1,6 @@
 """Catch-up in real processes: two servers' crontab lines racing at 13:00 under libfaketime
 (Debian's faketime; tests/helpers/faketime_sleep mends its sleeps), and the round trips a run
-costs, counted with MONITOR (docs/design.md, Catch-up)."""
+costs, counted with MONITOR (docs/design.md, Catch-up, trigger and backfill)."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """`cron-runner trigger` and `cron-runner backfill` as real processes on a real Redis
-(docs/design.md, Trigger and backfill): what runs, in which order, what is recorded, what is
-waited for, and each refusal naming its flag."""
+(docs/design.md, Catch-up, trigger and backfill): what runs, in which order, what is recorded,
+what is waited for, and each refusal naming its flag."""
 
 from __future__ import annotations
 
@@ -138,18 +138,26 @@ def test_a_held_lease_is_waited_for_not_skipped(
     env: dict[str, str], r: redis.Redis, tmp_path: Path
 ) -> None:
     slots = last_slots(3)
-    # The current slot's run holds the lease, and dies: its lease runs out in 2 s.
-    held = Lease(r, keys("bf"), new_token("scheduled", slots[-1]), ttl_ms=2000)
+    # The current slot's run holds the lease while the backfill starts.
+    held = Lease(r, keys("bf"), new_token("scheduled", slots[-1]), ttl_ms=30_000)
     assert isinstance(held.acquire(slots[-1]), Acquired)
     effects = tmp_path / "effects"
-    started = time.monotonic()
-    done = run(backfill_cmd("bf", slots[0], slots[1], effects, "--wait", "30s"), env)
+    backfill = LoggedRun(
+        backfill_cmd("bf", slots[0], slots[1], effects, "--wait", "60s"), env, tmp_path / "log"
+    )
+    try:
+        wait_for(lambda: backfill.logged("waiting"), 20, "the backfill to wait for the lease")
+        assert not effects.exists()
+        held.release({}, {})  # that run ends
+        stderr = backfill.finish()
+    finally:
+        if backfill.poll() is None:
+            backfill.kill()
 
-    assert done.returncode == 0, done.stderr
-    assert time.monotonic() - started > 1.0
+    assert backfill.returncode == 0, stderr
     assert effects.read_text().split() == [str(slots[0]), str(slots[1])]
-    waits = [e for e in events(done.stderr) if e.get("event") == "waiting"]
-    assert waits and waits[0]["run_holder"] == "scheduled"
+    (wait,) = [e for e in events(stderr) if e.get("event") == "waiting"]
+    assert wait["run_holder"] == "scheduled"
     # Waited, so never recorded as skipped.
     assert all(x.get("outcome") != "skipped_held" for x in records(r, "bf"))
 
@@ -283,7 +291,7 @@ def test_a_second_trigger_while_the_first_holds_the_lease_skips(
     env: dict[str, str], r: redis.Redis, tmp_path: Path
 ) -> None:
     effects = tmp_path / "effects"
-    slow_env = {**env, "SIDE_EFFECTS": str(effects), "TASK_SECONDS": "3"}
+    slow_env = {**env, "SIDE_EFFECTS": str(effects), "TASK_SECONDS": "8"}
     first = LoggedRun(["trigger", "slow", "--holder", "first"], slow_env, tmp_path / "first.log")
     try:
         wait_for(lambda: first.logged("acquired"), 20, "the first trigger to take the lease")

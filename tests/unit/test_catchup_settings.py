@@ -1,6 +1,7 @@
 """Catch-up's settings and pure parts: the values, their refusals (each naming its setting), the
 window's candidates, the marker retention and the starting deadline it grows, and the choice
-among the unrun slots (runner.schedule.catchup, docs/design.md, Catch-up)."""
+among the unrun slots (runner.schedule.catchup; docs/design.md, Catch-up, trigger and
+backfill)."""
 
 from __future__ import annotations
 
