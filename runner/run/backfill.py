@@ -150,10 +150,14 @@ class Backfill:
             ).run()  # fmt: skip
             if result.outcome != SKIPPED_HELD or result.exit_code != EXIT_OK:
                 return result
+            if clock.monotonic() >= until:
+                # Skipped again and again with the lease free between: the slot is not to run
+                # now (a newer slot superseded it, under buffer-one or replace).
+                return result._replace(exit_code=EXIT_LEASE_LOST)
+            self._pause(min(clock.monotonic() + self._poll_s(), until))
 
     def _wait_free(self, until: float) -> str | None:
         """Wait for the task's lease to be free: None once it is, else who held it at the end."""
-        poll_s = max(TICK_S, min(1.0, self.settings.lease.ttl_s / 12))
         said = False
         while True:
             token = self._store(lambda: self.client.get(self.keys.lease), "read the lease")
@@ -169,11 +173,16 @@ class Backfill:
                     extra={"event": "waiting", "task": self.task_name, "run_holder": holder},
                 )
                 said = True
-            next_look = min(clock.monotonic() + poll_s, until)
-            while clock.monotonic() < next_look:
-                if self.shutdown.requested:
-                    raise Terminated("stopped while waiting for the lease")
-                time.sleep(TICK_S)
+            self._pause(min(clock.monotonic() + self._poll_s(), until))
+
+    def _poll_s(self) -> float:
+        return max(TICK_S, min(1.0, self.settings.lease.ttl_s / 12))
+
+    def _pause(self, until: float) -> None:
+        while clock.monotonic() < until:
+            if self.shutdown.requested:
+                raise Terminated("stopped while waiting for the lease")
+            time.sleep(TICK_S)
 
     def _store(self, call: Callable[[], Any], what: str) -> Any:
         deadline = clock.monotonic() + self.settings.redis.connect_timeout_s
