@@ -18,7 +18,7 @@ from importlib.metadata import entry_points
 from types import ModuleType
 from typing import Any, NamedTuple
 
-from runner.config.settings import OVERLAPS
+from runner.config.settings import CATCHUPS, OVERLAPS
 from runner.config.sources import parse_duration
 from runner.errors import Cancelled, ConfigError, UnknownTask
 from runner.keys import validate_name
@@ -27,6 +27,7 @@ ENTRY_POINT_GROUP = "cron_runner.tasks"
 _MARK = "__cron_runner_task__"
 _QUEUE_MARK = "__cron_runner_queue__"
 _RUN_MARK = "__cron_runner_run__"
+_CATCHUP_MARK = "__cron_runner_catchup__"
 # Dramatiq's rule for queue names; the default queue is the task's own name.
 QUEUE_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9._-]{0,62}\Z")
 
@@ -57,6 +58,15 @@ class RunOptions(NamedTuple):
     overlap_wait_s: float | None = None
 
 
+class CatchupOptions(NamedTuple):
+    """The task's catch-up, given to ``@task`` (docs/design.md, Catch-up, trigger and backfill):
+    the defaults of settings that a flag or a ``CRON_RUNNER_*`` variable still overrides.
+    ``None``: not given."""
+
+    catchup: str | None = None
+    catchup_window_s: float | None = None
+
+
 def _seconds(what: str, value: Duration | None) -> float | None:
     if value is None:
         return None
@@ -76,6 +86,8 @@ def task(
     time_limit: Duration | None = None,
     overlap: str | None = None,
     overlap_wait: Duration | None = None,
+    catchup: str | None = None,
+    catchup_window: Duration | None = None,
 ) -> Callable[[TaskFn], TaskFn]:
     """Register ``fn(ctx: RunContext) -> None`` under ``name``.
 
@@ -88,6 +100,10 @@ def task(
     buffer-one, replace, allow-other-slots; docs/design.md, Overlap policies), and
     ``overlap_wait`` how long buffer-one and replace wait; CRON_RUNNER_OVERLAP and
     CRON_RUNNER_OVERLAP_WAIT (or --overlap, --overlap-wait) win over them.
+
+    ``catchup`` (none, latest, all) and ``catchup_window``: what a run does with earlier slots
+    of its schedule that never ran, within the window (docs/design.md, Catch-up, trigger and
+    backfill); CRON_RUNNER_CATCHUP and CRON_RUNNER_CATCHUP_WINDOW (or --catchup, --catchup-window) win.
     """
     validate_name("task name", name)
     if queue is not None and not QUEUE_NAME_RE.match(queue):
@@ -112,11 +128,13 @@ def task(
             f"task {name!r}: overlap={overlap!r} is not valid: expected one of {', '.join(OVERLAPS)}"
         )
     run = RunOptions(overlap, _seconds(f"task {name!r}: overlap_wait", overlap_wait))
+    catching_up = _catchup_options(name, catchup, catchup_window)
 
     def mark(fn: TaskFn) -> TaskFn:
         setattr(fn, _MARK, name)
         setattr(fn, _QUEUE_MARK, options)
         setattr(fn, _RUN_MARK, run)
+        setattr(fn, _CATCHUP_MARK, catching_up)
         return fn
 
     return mark
@@ -132,6 +150,26 @@ def run_options(fn: TaskFn) -> RunOptions:
     """The run options given to ``@task``, or none for an undecorated function."""
     options = getattr(fn, _RUN_MARK, None)
     return options if isinstance(options, RunOptions) else RunOptions()
+
+
+def _catchup_options(name: str, catchup: str | None, window: Duration | None) -> CatchupOptions:
+    if catchup is not None and catchup not in CATCHUPS:
+        raise ConfigError(
+            f"task {name!r}: catchup={catchup!r} is not valid: expected one of {', '.join(CATCHUPS)}"
+        )
+    window_s = None
+    if window is not None:
+        what = f"task {name!r}: catchup_window"
+        window_s = parse_duration(window, what) if isinstance(window, str) else float(window)
+        if window_s < 0:
+            raise ConfigError(f"{what}={window!r} is negative: expected a duration >= 0")
+    return CatchupOptions(catchup, window_s)
+
+
+def catchup_options(fn: TaskFn) -> CatchupOptions:
+    """The catch-up given to ``@task``, or none for an undecorated function."""
+    options = getattr(fn, _CATCHUP_MARK, None)
+    return options if isinstance(options, CatchupOptions) else CatchupOptions()
 
 
 @dataclass

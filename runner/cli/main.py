@@ -16,9 +16,10 @@ from runner.config.sources import FLAG_DEST_PREFIX, setting_flags
 from runner.errors import ConfigError, CronRunnerError, Terminated, UsageError
 
 if TYPE_CHECKING:
+    from runner.run.execution import Asked
     from runner.run.observer import RunObserver
     from runner.run.targets import Target
-    from runner.tasks import RunOptions
+    from runner.tasks import CatchupOptions, RunOptions
 
 log = logging.getLogger("runner")
 
@@ -60,6 +61,10 @@ ENVIRONMENT = """environment (flags win over variables):
                                  (wait, run next), replace (stop it, run), allow-other-slots
   CRON_RUNNER_OVERLAP_WAIT       buffer-one's and replace's wait (default: the schedule's shortest
                                  gap; replace: the TTL + shutdown grace + 10s)
+  CRON_RUNNER_CATCHUP            earlier slots within the window that never ran: none (default),
+                                 latest (run the newest once), all (run each, oldest first)
+  CRON_RUNNER_CATCHUP_WINDOW     how far back a run looks for them, e.g. 3h; a run late by up to
+                                 this still runs its own slot
   CRON_RUNNER_REDEFINE           true: replace the task's stored definition (schedule, zone,
                                  command) with this one, on purpose; otherwise a conflict exits 78
   CRON_RUNNER_SHUTDOWN_GRACE     after SIGTERM, wait this long before killing the task (default 25s)
@@ -95,9 +100,12 @@ SETTING_FLAGS = {
     "OVERLAP": "when an earlier slot still holds the lease: skip (default), buffer-one, "
     "replace or allow-other-slots",
     "OVERLAP_WAIT": "how long buffer-one and replace wait for the holder",
+    "CATCHUP": "earlier slots within the window that never ran: none, latest or all",
+    "CATCHUP_WINDOW": "how far back to look for slots that never ran, e.g. 3h",
 }
 RUN_FLAGS = ("LEASE_TTL", "CONNECT_TIMEOUT", "SCHEDULE", "TIMEZONE", "SKEW_TOLERANCE",
-             "SHUTDOWN_GRACE", "HOLDER", "OVERLAP", "OVERLAP_WAIT")  # fmt: skip
+             "SHUTDOWN_GRACE", "HOLDER", "OVERLAP", "OVERLAP_WAIT", "CATCHUP",
+             "CATCHUP_WINDOW")  # fmt: skip
 COMMON_FLAGS = ("REDIS_URL", "SCOPE", "LOG_FORMAT", "LOG_LEVEL")
 
 
@@ -185,6 +193,9 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     from runner.cli import queue as queue_cli  # noqa: PLC0415 - worker and dlq; Dramatiq only in handlers
 
     queue_cli.add_commands(sub, lambda p, names: _add_setting_flags(p, (*names, *COMMON_FLAGS)))
+    from runner.cli import manual  # noqa: PLC0415 - trigger and backfill
+
+    manual.add_commands(sub, lambda p, names: _add_setting_flags(p, (*names, *COMMON_FLAGS)))
 
     p = sub.add_parser(
         "import",
@@ -260,12 +271,14 @@ def cmd_import(args: argparse.Namespace, settings: Settings) -> int:
 def cmd_run(args: argparse.Namespace, settings: Settings) -> int:
     from runner.keys import validate_name  # noqa: PLC0415
     from runner.run.targets import PythonTarget  # noqa: PLC0415
-    from runner.tasks import Registry, run_options  # noqa: PLC0415
+    from runner.tasks import Registry, catchup_options, run_options  # noqa: PLC0415
 
     spec = Registry.discover(settings.run.task_modules).resolve(args.task)
     name = args.name or spec.name
     validate_name("--name", name)
-    settings = with_task_options(settings, run_options(spec.fn))
+    settings = with_catchup(
+        with_task_options(settings, run_options(spec.fn)), catchup_options(spec.fn)
+    )
     if settings.run.mode == "enqueue":
         from runner.cli.queue import enqueue_target  # noqa: PLC0415 - queue mode only
 
@@ -283,6 +296,15 @@ def with_task_options(settings: Settings, options: RunOptions) -> Settings:
             if lease.overlap_wait_s is not None
             else options.overlap_wait_s,
         )
+    )
+
+
+def with_catchup(settings: Settings, options: CatchupOptions) -> Settings:
+    """The task's own ``@task`` catch-up, where no flag or variable set it."""
+    s = settings.slots
+    window_s = s.catchup_window_s if s.catchup_window_s is not None else options.catchup_window_s
+    return settings._replace(
+        slots=s._replace(catchup=s.catchup or options.catchup, catchup_window_s=window_s)
     )
 
 
@@ -315,7 +337,9 @@ def _command_definition(argv: list[str]) -> str:
     return f"exec {os.path.basename(argv[0])}"  # noqa: PTH119
 
 
-def _execute(settings: Settings, task_name: str, target: Target, what: str) -> int:
+def _execute(
+    settings: Settings, task_name: str, target: Target, what: str, asked: Asked | None = None
+) -> int:
     from runner.lease import store  # noqa: PLC0415
     from runner.run.execution import Execution  # noqa: PLC0415
     from runner.signals import Shutdown  # noqa: PLC0415
@@ -325,8 +349,9 @@ def _execute(settings: Settings, task_name: str, target: Target, what: str) -> i
     client = store.connect(settings.redis, settings.lease.ttl_s)
     try:
         result = Execution(
-            settings, client, task_name, target, shutdown, observer=observer, what=what
-        ).run()
+            settings, client, task_name, target, shutdown, observer=observer, what=what,
+            asked=asked,
+        ).run()  # fmt: skip
     finally:
         client.close()
         observer.close()

@@ -120,6 +120,13 @@ class LeaseSettings(NamedTuple):
         return LeaseTimings(self.ttl_s)
 
 
+# Catch-up (docs/design.md, Catch-up, trigger and backfill): what a run does with earlier slots
+# of its schedule that never ran. Checked with the schedule and the task's @task options, once a run has them all
+# (runner.schedule.catchup.check_catchup).
+CATCHUP_NONE = "none"
+CATCHUPS = (CATCHUP_NONE, "latest", "all")
+
+
 class SlotSettings(NamedTuple):
     schedule: str | None = None
     timezone: str = "UTC"
@@ -132,6 +139,14 @@ class SlotSettings(NamedTuple):
     # The batch.kubernetes.io/cronjob-scheduled-timestamp annotation (Kubernetes 1.32+), in
     # epoch seconds, when the chart's downward API finds it on the pod.
     scheduled_at_s: float | None = None
+    # None: not set here, so the task's @task(catchup=, catchup_window=), else none and 0.
+    catchup: str | None = None
+    catchup_window_s: float | None = None
+
+    @property
+    def catches_up(self) -> bool:
+        """Whether a run looks back for earlier slots that never ran (latest or all)."""
+        return (self.catchup or CATCHUP_NONE) != CATCHUP_NONE
 
 
 class RunSettings(NamedTuple):
@@ -511,7 +526,18 @@ def _slots(src: Source) -> SlotSettings:
         job_name=job_name,
         cronjob_name=cronjob_name,
         starting_deadline_s=src.duration("STARTING_DEADLINE", DEFAULTS.slots.starting_deadline_s),
+        catchup=src.choice("CATCHUP", "", CATCHUPS) or None,
+        catchup_window_s=_window(src, "CATCHUP_WINDOW"),
     )
+
+
+def _window(src: Source, name: str) -> float | None:
+    value, origin = src.get(name)
+    if value is None:
+        return None
+    if value.startswith("-"):
+        raise ConfigError(f"{origin}={value[:40]!r} is negative: expected a duration >= 0")
+    return src.duration(name, 0.0, zero=True)
 
 
 # What the controller writes: Go's time.RFC3339, whole seconds, 'Z' or a numeric offset.

@@ -53,6 +53,8 @@ EXIT_CODE = "exit_code"
 STARTED_AT = "started_at"  # epoch seconds, 3 decimals
 DURATION_MS = "duration_ms"
 MESSAGE_ID = "message_id"  # a queue worker's only
+TRIGGER = "trigger"  # `cron-runner trigger`'s run (no slot): the holder that ran it
+BACKFILL = "backfill"  # a slot `cron-runner backfill` ran: the holder that ran it
 ERROR = "error"  # only when there is one, cut to ERROR_MAX_CHARS
 UNLOCKED = "unlocked"  # an unlock's record: the token it removed (the UNLOCK script writes it)
 ERROR_MAX_CHARS = 500
@@ -118,8 +120,11 @@ def run_record(
     duration_ms: int,
     error: str | None = None,
     message_id: str | None = None,
+    trigger: str | None = None,
+    backfill: str | None = None,
 ) -> Fields:
-    """One entry of the run stream. ``message_id``: a queue worker's job (None for a run)."""
+    """One entry of the run stream. ``message_id``: a queue worker's job (None for a run).
+    ``trigger`` and ``backfill``: an operator asked for the run (runner.cli.manual)."""
     record: Fields = {
         SLOT: "" if slot is None else slot,
         HOLDER: holder,
@@ -131,6 +136,10 @@ def run_record(
     }
     if message_id is not None:
         record[MESSAGE_ID] = message_id
+    if trigger is not None:
+        record[TRIGGER] = trigger
+    if backfill is not None:
+        record[BACKFILL] = backfill
     if error:
         record[ERROR] = error[:ERROR_MAX_CHARS]
     return record

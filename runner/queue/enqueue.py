@@ -66,6 +66,9 @@ class EnqueueTarget:
     # -- the Target protocol (runner.run.targets) -------------------------------------------
 
     def start(self, ctx: RunContext) -> None:
+        # Afresh for each slot a run sends (catch-up sends one message per slot).
+        self._sent, self._exc, self._client, self.message_id = False, None, None, None
+        self._killed.clear()
         # In a copy of the caller's context, as a Python task: the run's task span is current.
         self._thread = threading.Thread(
             target=contextvars.copy_context().run, args=(self._run, ctx), name="enqueue",

@@ -4,6 +4,10 @@ record (docs/design.md, Decisions inside the lease, and Overlap policies).
 What a run does when it may not simply run its slot (held, late, stale, paused, and the overlap
 policies' waits) is decided in runner.run.policy; the slot and its marker's retention come from runner.schedule.slots. All
 stopping logic lives here, in ordinary code: a stop signal only sets the flag (runner.signals).
+
+A run that catches up runs the earlier slots it is given before its own, under the same lease
+(runner.schedule.catchup chooses them); a run an operator asks for (``Asked``: trigger,
+backfill) has its slot given (docs/design.md, Catch-up, trigger and backfill).
 """
 
 from __future__ import annotations
@@ -50,6 +54,7 @@ from runner.run.observer import NullObserver, RunObserver
 from runner.run.policy import RECORDED, RECORDED_WITHOUT_SLOT, Policy, Skip, overlap_wait_s
 from runner.run.process import exit_now, reap_after_task
 from runner.run.targets import LeftBehind, Target
+from runner.schedule import catchup
 from runner.schedule.slots import resolve_slot, retention_s
 from runner.signals import Shutdown
 from runner.tasks import RunContext
@@ -73,6 +78,16 @@ def definition_of(settings: Settings, what: str) -> str:
     # Only when not skip, so that a default task's definition is the one previous releases store.
     overlap = settings.lease.overlap_policy
     return definition if overlap == SKIP else f"{definition}, overlap {overlap}"
+
+
+class Asked(NamedTuple):
+    """A run an operator asked for, not the schedule: ``cron-runner trigger`` (slot None: a run
+    now, recorded as triggered) or one slot of ``cron-runner backfill``. Its slot is given, so
+    neither its age, the starting deadline nor catch-up applies; a backfilled slot writes its run
+    record but not the task's state, which stays its latest slot's (docs/design.md, Catch-up,
+    trigger and backfill)."""
+
+    slot: int | None
 
 
 class RunResult(NamedTuple):
@@ -102,6 +117,7 @@ class Execution:
         observer: RunObserver | None = None,
         what: str = "",
         exit_process: Callable[[int], NoReturn] = exit_now,
+        asked: Asked | None = None,
     ) -> None:
         self.settings = settings
         self.client = client
@@ -112,18 +128,20 @@ class Execution:
         self.keys = TaskKeys(settings.lease.prefix, settings.lease.scope, task_name)
         overlap = settings.lease.overlap_policy
         # A skip counter on a slot that did not run is kept as long as a marker at the least.
-        retention_s = settings.lease.slot_retention_s or 3600.0
+        skip_keep_s = settings.lease.slot_retention_s or 3600.0
+        # A trigger has no slot to run twice: its definition is not checked, as a manual run's.
+        triggered = asked is not None and asked.slot is None
         self.lease = Lease(
             client,
             self.keys,
             new_token(settings.lease.holder),
             ttl_ms=settings.lease.ttl_ms,
-            definition=definition_of(settings, what),
+            definition="" if triggered else definition_of(settings, what),
             redefine=settings.lease.redefine,
             runs_maxlen=settings.lease.history_length,
             overlap=overlap,
             aux_ms=int(overlap_wait_s(settings) * 1000) if overlap == REPLACE else 0,
-            skip_ttl_ms=int(retention_s * 1000),
+            skip_ttl_ms=int(skip_keep_s * 1000),
         )
         self.log: RunLogger = run_logger(task_name, settings.lease.holder)
         self.policy = Policy(settings, self.log)
@@ -135,13 +153,24 @@ class Execution:
         self.observer: RunObserver = observer or NullObserver()
         self.keeper: Keeper | None = None
         self._sent_at = 0.0  # when the last acquire was sent: a won lease is confirmed from then
+        self.asked = asked
+        if asked is None:
+            catchup.check_catchup(settings, self.lease.overlap)
+        if asked is None and settings.slots.catches_up:
+            # A slot skipped on purpose (paused, superseded, held by an earlier slot) is not
+            # missed: its record on the marker must outlive the window, as a run's marker does.
+            self.lease.skip_ttl_ms = int(retention_s(settings) * 1000)
+        # Catch-up: the window's slots the acquire script judges, and those this run then runs.
+        self._candidates: list[int] = []
+        self._catching_up: tuple[int, ...] = ()
 
     # -- phases ---------------------------------------------------------------
 
     def run(self) -> RunResult:
         self.started_wall = clock.wall()
         self.started_mono = clock.monotonic()
-        self.slot = resolve_slot(self.settings, self.started_wall)
+        asked = self.asked
+        self.slot = resolve_slot(self.settings, self.started_wall) if asked is None else asked.slot
         # The token names the slot: a runner of the same slot that finds it knows to wait.
         self.lease.token = new_token(self.settings.lease.holder, self.slot)
         self.observer.started(self.slot)
@@ -175,7 +204,7 @@ class Execution:
         )
         if self.shutdown.requested:
             return self._finish_log(RunResult.of(TERMINATED, "terminated before start"))
-        stale = self.policy.before_connect(self.slot, self.started_wall)
+        stale = self.policy.before_connect(self.slot, self.started_wall) if not self.asked else None
         if stale is not None:
             return self._skip(stale)
         try:
@@ -186,6 +215,7 @@ class Execution:
             return self._finish_log(RunResult.of(TERMINATED, str(exc)))
         if isinstance(decided, Skip):
             return self._skip(decided)
+        self._catching_up = catchup.chosen(self.settings.slots.catchup, decided.unrun)
         return self._finish_log(self._hold(decided.fence))
 
     def _stopping(self) -> bool:
@@ -202,9 +232,11 @@ class Execution:
                 where=self.where,
                 stop=self._stopping,
             )
-        late = self.policy.before_acquire(self.slot, self.started_wall)
-        if late is not None:
-            return late
+        if self.asked is None:
+            late = self.policy.before_acquire(self.slot, self.started_wall)
+            if late is not None:
+                return late
+            self._candidates = catchup.candidates(self.settings, self.slot, clock.wall())
         with self.observer.phase("acquire"):
             reply = with_deadline(
                 self._acquire, deadline_s=deadline, what="acquire", where=self.where,
@@ -216,7 +248,9 @@ class Execution:
         self._sent_at = clock.monotonic()
         record = self._record("", 0, None)
         del record[journal.OUTCOME]  # the script adds it, and why, when it records a skip
-        return self.lease.acquire(self.slot, final=final, skip_record=record)
+        return self.lease.acquire(
+            self.slot, catch_up=self._candidates, final=final, skip_record=record
+        )
 
     def _look(self, *, final: bool = False) -> AcquireResult:
         """The acquire script again, for the policy: within a connect deadline of its own."""
@@ -299,10 +333,111 @@ class Execution:
             raise StoreUnavailable(reason)
 
     def _run_task(self, keeper: Keeper, fence: int) -> RunResult:
+        for slot in self._catching_up:
+            ended = self._catch_up(keeper, fence, slot)
+            if ended is not None:
+                return ended
         # Current while the task starts, so a Python task's thread inherits it (targets.py).
         with self.observer.phase("task"):
             stop_reason = self._supervise(keeper, fence)
         return self._settle(keeper, stop_reason)
+
+    # -- catch-up: earlier slots that never ran, before the run's own --------------------
+
+    def _catch_up(self, keeper: Keeper, fence: int, slot: int) -> RunResult | None:
+        """Run ``slot``, an earlier slot that never ran, under the lease held (same fence), and
+        mark it done keeping the lease (docs/design.md, Catch-up, trigger and backfill).
+
+        None: go on to the next slot. A slot that failed is recorded and left unmarked: each
+        slot is a run of its own, as if it had fired on time, so the others still run, and a
+        later run's catch-up tries it again within its window. A result ends the run, settled
+        as the run's own slot would be: the lease was lost, a stop was asked, a command left
+        processes that could not be stopped, or the slot could not be marked.
+        """
+        before = self._not_started(keeper)
+        if before is not None:
+            return before
+        own, started = self.slot, (self.started_wall, self.started_mono)
+        # The task is told this slot, and its record, state and log lines say it.
+        self.slot = slot
+        self.started_wall, self.started_mono = clock.wall(), clock.monotonic()
+        self.log.bind(slot=slot)
+        with self.observer.phase("catch_up"):
+            stop_reason = self._supervise(keeper, fence)
+        supervised = self.target.supervised
+        left = supervised.left_behind() if supervised is not None else LeftBehind()
+        if stop_reason is not None or keeper.is_lost() or left.survivors:
+            return self._settle(keeper, stop_reason)
+        self._left_behind(left, 0)
+        code = self.target.exit_code()
+        if code != 0:
+            error = self.target.error()
+            self._safe_record(FAILED, code, error)
+            self._caught_up_log(RunResult(FAILED, code, reason=error))
+        else:
+            ended = self._mark_caught_up(keeper)
+            if ended is not None:
+                return ended
+        self.slot, (self.started_wall, self.started_mono) = own, started
+        self.log.bind(slot=own)
+        return None
+
+    def _not_started(self, keeper: Keeper) -> RunResult | None:
+        """Between two slots: a stop asked, or the lease lost, ends the run before the next."""
+        if self.shutdown.requested:
+            keeper.stop()
+            with self.observer.phase("release"):
+                self._release(
+                    TERMINATED, exit_code(TERMINATED), "terminated before the task started"
+                )
+            return RunResult.of(TERMINATED, "terminated before start")
+        if keeper.is_lost():
+            keeper.stop()
+            with self.observer.phase("release"):
+                self._release_quietly(LEASE_LOST, exit_code(LEASE_LOST), keeper.lost_reason)
+            return RunResult.of(LEASE_LOST, keeper.lost_reason)
+        return None
+
+    def _mark_caught_up(self, keeper: Keeper) -> RunResult | None:
+        done = self.target.outcome
+        retention_ms = int(retention_s(self.settings, self.log) * 1000)
+        try:
+            with self.observer.phase("complete"):
+                self._store(
+                    lambda: self.lease.complete(
+                        self.slot,
+                        self._record(done, 0, None),
+                        self._state(done, 0),
+                        {"fence": self.fence},
+                        retention_ms=retention_ms,
+                        keep_lease=True,
+                    )
+                )
+        except LeaseNotOwned as exc:
+            keeper.stop()
+            return RunResult.of(LEASE_LOST, str(exc))
+        except FinishIncomplete as exc:
+            # The slot ran and may be unmarked: end the run, whose own slot would fail alike,
+            # and leave the lease to its TTL (a configuration to fix: exit 78).
+            keeper.stop()
+            self.log.error(str(exc), extra={"event": "finish_incomplete"})
+            return RunResult(done, exc.exit_code, reason=str(exc))
+        except StoreUnavailable:
+            keeper.stop()
+            raise
+        self._caught_up_log(RunResult.of(done))
+        return None
+
+    def _caught_up_log(self, result: RunResult) -> None:
+        """One line per slot caught up; the run's own slot ends with the 'finished' line."""
+        self.log.log(
+            logging.INFO if result.exit_code == 0 else logging.ERROR,
+            f"caught up: {result.outcome}" + (f" ({result.reason})" if result.reason else ""),
+            extra={"event": "caught_up", "outcome": result.outcome,
+                   "exit_code": result.exit_code, "duration_ms": self._duration_ms()},
+        )  # fmt: skip
+
+    # -- the task -----------------------------------------------------------------------
 
     def _supervise(self, keeper: Keeper, fence: int) -> str | None:
         """Start the task and wait for it to stop; stop it on lease loss or shutdown."""
@@ -534,7 +669,10 @@ class Execution:
         return int((clock.monotonic() - self.started_mono) * 1000)
 
     def _record(self, outcome: str, code: int, error: str | None) -> dict[str, str | int | float]:
+        asked = self.asked
         return journal.run_record(
+            trigger=self.settings.lease.holder if asked and asked.slot is None else None,
+            backfill=self.settings.lease.holder if asked and asked.slot is not None else None,
             slot=self.slot,
             holder=self.settings.lease.holder,
             fence=self.fence,
@@ -546,6 +684,10 @@ class Execution:
         )
 
     def _state(self, outcome: str, code: int) -> dict[str, str | int | float]:
+        if self.asked is not None and self.asked.slot is not None:
+            # A backfilled slot is older than the task's latest: written here, it would move the
+            # last success back, and status and the watchdog would count every slot since missed.
+            return {}
         return journal.state(
             outcome=outcome,
             exit_code=code,

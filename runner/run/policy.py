@@ -47,6 +47,7 @@ from runner.outcomes import (
     TOO_LATE,
     exit_code,
 )
+from runner.schedule import catchup
 from runner.schedule.jobname import utc
 from runner.schedule.slots import stale_slot_reason
 
@@ -136,17 +137,22 @@ class Policy:
 
         Only without a Job name: a CronJob pod's lateness is bounded by the controller's own
         startingDeadlineSeconds. A crontab line whose schedule or zone disagrees with the
-        fleet's, or a timer catching up, computes a slot hours old: it must not run it.
+        fleet's, or a timer catching up, computes a slot hours old: it must not run it. A task
+        that catches up (CRON_RUNNER_CATCHUP) still runs its slot late within its window.
         """
         s = self.settings.slots
         if s.job_name or s.scheduled_at_s is not None or not s.schedule or slot is None:
             return None
         late_s = started_s - slot
-        if late_s <= s.starting_deadline_s:
+        deadline_s = catchup.starting_deadline_s(self.settings)
+        if late_s <= deadline_s:
             return None
+        names = "CRON_RUNNER_STARTING_DEADLINE"
+        if s.catches_up:
+            names = f"the longer of {names} and CRON_RUNNER_CATCHUP_WINDOW"
         reason = (
             f"started {late_s:.0f}s after its slot, past the starting deadline of "
-            f"{s.starting_deadline_s:g}s (CRON_RUNNER_STARTING_DEADLINE): not run. If cron "
+            f"{deadline_s:g}s ({names}): not run. If cron "
             f"fired it on time, its schedule is read in another time zone than {s.timezone}: "
             "a crontab fires in the server's local time, so give that zone with --timezone "
             "(CRON_RUNNER_TIMEZONE)"

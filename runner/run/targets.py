@@ -17,6 +17,7 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import NamedTuple, Protocol
@@ -65,7 +66,10 @@ class Target(Protocol):
         are its own (reaping them would take the exit codes of its subprocess calls)."""
         ...
 
-    def start(self, ctx: RunContext) -> None: ...
+    def start(self, ctx: RunContext) -> None:
+        """Start a run of the task. Called again once it has stopped, for the next slot of the
+        same run (catch-up): each start begins afresh."""
+        ...
 
     def poll(self, timeout_s: float) -> bool:
         """Wait up to timeout_s; True once the task has stopped."""
@@ -96,6 +100,7 @@ class PythonTarget:
 
     def start(self, ctx: RunContext) -> None:
         self._ctx = ctx
+        self._exc = None
         # Daemon: a task that ignores cancellation must not keep the process alive
         # after the runner has decided to exit. The thread runs in a copy of the caller's
         # context, so a span current around start() (telemetry's task span) is the task's parent.
@@ -150,6 +155,7 @@ class CommandTarget:
         # With it, the command runs under the subreaper and the supervisor (runner.run.supervisor).
         self.lease_expires_at: float | None = None
         self._supervisor: Supervisor | None = None
+        self._stopped_supervisor: int | None = None  # told to stop, maybe not reaped yet
         self._adopting = False
         self._ended = False
         self.adopted: set[int] = set()  # descendants that came back to us, stopped at the end
@@ -157,6 +163,7 @@ class CommandTarget:
         self.survivors: list[int] = []  # of those, the ones not confirmed stopped
 
     def start(self, ctx: RunContext) -> None:
+        self._begin_again()
         env = dict(os.environ)
         env.update(
             CRON_RUNNER_TASK=ctx.task,
@@ -200,6 +207,21 @@ class CommandTarget:
             self._pidfd = os.pidfd_open(self.proc.pid)
         except (AttributeError, OSError):
             self._pidfd = None
+
+    def _begin_again(self) -> None:
+        """Forget a previous start's process (catch-up runs one command per slot); the lease's
+        expiry, which the run keeps current, stays. Its supervisor, told to stop, is reaped
+        first: still our child, it would count as a process this command left behind."""
+        if self._stopped_supervisor is not None:
+            _reap(self._stopped_supervisor, timeout_s=1.0)
+            self._stopped_supervisor = None
+        self.proc = None
+        self._close_pidfd()
+        self._not_started = None
+        self._supervisor = None
+        self._adopting = False
+        self._ended = False
+        self.adopted, self.outside, self.survivors = set(), set(), []
 
     def extend(self, expires_at: float) -> None:
         """A renewal was confirmed: the lease's local expiry is now ``expires_at``."""
@@ -276,6 +298,7 @@ class CommandTarget:
         if supervisor is not None:
             supervisor.stop()
             self._supervisor = None
+            self._stopped_supervisor = supervisor.pid
 
     def _close_pidfd(self) -> None:
         if self._pidfd is not None:
@@ -301,6 +324,18 @@ class CommandTarget:
             return self._not_started[1]
         code = self.exit_code()
         return None if code == 0 else f"command exited with code {code}"
+
+
+def _reap(pid: int, *, timeout_s: float) -> None:
+    """Wait for our child ``pid`` to exit, up to ``timeout_s``; never signalled."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            if os.waitpid(pid, os.WNOHANG)[0] or time.monotonic() >= deadline:
+                return
+        except ChildProcessError:  # reaped already (as PID 1 or a subreaper, with the orphans)
+            return
+        time.sleep(0.01)
 
 
 def start_failure(command: str, exc: OSError, path: str | None) -> tuple[int, str]:

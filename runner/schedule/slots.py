@@ -50,7 +50,7 @@ from runner.schedule.jobname import cronjob_slot, utc
 if TYPE_CHECKING:
     from zoneinfo import ZoneInfo
 
-    from runner.config.settings import Settings
+    from runner.config.settings import Settings, SlotSettings
     from runner.logs import RunLogger
     from runner.schedule.cron import CronSpec
 
@@ -271,6 +271,18 @@ class Schedule:
         fire = self._next_fire(t)
         self._next_memo = ((t, fire), *self._next_memo[: _MEMO - 1])
         return fire
+
+    def fire_times(self, start_s: float, end_s: float, *, limit: int) -> list[int]:
+        """The fire times from ``start_s`` to ``end_s`` (both included), oldest first, at most
+        ``limit`` of them: ask for one more than a range may hold to tell that it holds more."""
+        fires: list[int] = []
+        t = math.ceil(_instant(start_s)) - 1
+        while len(fires) < limit:
+            t = self.next_after(t)
+            if t > end_s:
+                break
+            fires.append(t)
+        return fires
 
     def previous_at_or_before(self, t_s: float) -> int:
         """The last fire time at or before ``t_s``."""
@@ -502,9 +514,24 @@ def stale_slot_reason(settings: Settings, slot: int | None, now_s: float) -> str
     )
 
 
+def catchup_retention_s(s: SlotSettings, schedule: Schedule) -> float:
+    """How long slot markers must be kept for catch-up to prove a slot of its window unrun (0
+    when the task does not catch up; docs/design.md, Catch-up, trigger and backfill).
+
+    A run looks back over the window from its own slot, and starts before the next slot: its
+    oldest candidate is at most the window plus the longest gap old. The marker of a run of that
+    slot was written at or after the slot, by a clock up to the skew tolerance ahead, and is
+    read by one up to the tolerance behind: hence the two tolerances.
+    """
+    if not s.catches_up:
+        return 0.0
+    return (s.catchup_window_s or 0.0) + schedule.max_gap_s + 2 * s.skew_tolerance_s
+
+
 def retention_s(settings: Settings, log: RunLogger | None = None) -> float:
     """How long a slot marker is kept: CRON_RUNNER_SLOT_RETENTION, else the schedule's
-    (twice its longest gap, at least an hour), else a day for a Job-name slot without one."""
+    (twice its longest gap, at least an hour, and what the catch-up window needs), else a day
+    for a Job-name slot without one."""
     if settings.lease.slot_retention_s is not None:
         return settings.lease.slot_retention_s
     s = settings.slots
@@ -512,7 +539,8 @@ def retention_s(settings: Settings, log: RunLogger | None = None) -> float:
         # With a Job name the tolerance plays no part (and was not checked at start).
         tolerance_s = 0.0 if s.job_name else s.skew_tolerance_s
         try:
-            return Schedule.parse(s.schedule, s.timezone, tolerance_s).retention_s
+            schedule = Schedule.parse(s.schedule, s.timezone, tolerance_s)
+            return max(schedule.retention_s, catchup_retention_s(s, schedule))
         except ConfigError as exc:
             # Only with a Job name (else the schedule was checked at start). Kubernetes'
             # `@every 1h` has no slots we can compute, but a delay: twice it, as for a gap.
