@@ -229,7 +229,7 @@ def test_skip_records_the_skipped_slot_once_in_history(
 ) -> None:
     c = clusters("skip")
     s0, s1 = recent_slots(2)
-    c.start("eu", s0, seconds=2.0)
+    c.start("eu", s0, seconds=8.0)
     wait_for(lambda: c.ticked(s0), what="the first slot's task")
     c.start_slot(s1, seconds=0.2)
     results = c.finish()
