@@ -21,6 +21,11 @@ is older than the heartbeat timeout, at the next maintenance pass; both are set 
 (2 s, 5% of broker calls) as the issue asks. RQ has no re-delivery: a killed worker's job
 stays in its StartedJobRegistry and is later moved to the FailedJobRegistry as abandoned.
 
+``--leased`` sends each job as a run's message for a slot of its own, under overlap
+allow-other-slots: each job then takes, renews and completes a lease of its own (issue 17),
+which measures what the lease costs a job; the jobs a ``Producer`` sends, as by default, take
+none.
+
 Run: ``.venv/bin/python bench/queue_scale.py`` (``--help``; ``--json PATH`` writes the
 results, which tests/queue/test_scale.py asserts on).
 """
@@ -185,13 +190,34 @@ def _env(url: str, **extra: str) -> dict[str, str]:
     return env
 
 
-def run_cron_runner(jobs: int, workers: int, threads: int, kill: int, kill_at: float) -> Result:
+def _send_slots(producer: Any, jobs: int, batch: int = 1000) -> None:
+    """Each job as an enqueueing run sends a slot's: its own slot, the run's name, and overlap
+    allow-other-slots, so that the jobs run side by side, each under a lease of its own."""
+    from runner.queue.messages import build_message, enqueue_on, leave_heartbeats  # noqa: PLC0415
+
+    options = {"overlap": "allow-other-slots"}
+    for low in range(0, jobs, batch):
+        with producer.client.pipeline(transaction=False) as pipe:
+            for i in range(low, min(jobs, low + batch)):
+                payload = {"i": i, "t": int(time.time() * 1000)}
+                message = build_message(TASK, TASK, slot=1_600_000_000 + 60 * i, fence=0,
+                                        payload=payload, message_id=None, limit_bytes=None,
+                                        options=options, name=TASK)  # fmt: skip
+                enqueue_on(pipe, producer.broker, message, leave=False)
+            leave_heartbeats(pipe, producer.broker)
+            pipe.execute()
+
+
+def run_cron_runner(
+    jobs: int, workers: int, threads: int, kill: int, kill_at: float, *, leased: bool = False
+) -> Result:
     from runner.config.queue import QueueSettings  # noqa: PLC0415
     from runner.config.settings import load_settings  # noqa: PLC0415
     from runner.queue.producer import Producer  # noqa: PLC0415
     from runner.queue.stats import queue_stats  # noqa: PLC0415
 
-    result = Result("cron-runner (Dramatiq)", jobs, workers, threads, kill)
+    system = "cron-runner (Dramatiq, a lease per job)" if leased else "cron-runner (Dramatiq)"
+    result = Result(system, jobs, workers, threads, kill)
     with RedisServer(appendonly=True) as server:
         r = redis.Redis(port=server.port)
         env = _env(
@@ -215,9 +241,12 @@ def run_cron_runner(jobs: int, workers: int, threads: int, kill: int, kill_at: f
             producer = Producer(settings, QueueSettings(namespace=NAMESPACE), queues={TASK: TASK})
             started = time.monotonic()
             first_ms = int(time.time() * 1000)
-            producer.send_many(
-                TASK, ({"i": i, "t": int(time.time() * 1000)} for i in range(jobs)), batch=1000
-            )
+            if leased:
+                _send_slots(producer, jobs)
+            else:
+                producer.send_many(
+                    TASK, ({"i": i, "t": int(time.time() * 1000)} for i in range(jobs)), batch=1000
+                )
             result.enqueue_s = time.monotonic() - started
             producer.close()
             _wait(lambda: int(cast(int, r.llen(DONE))) >= jobs * kill_at, 300, "the kill point")
@@ -347,9 +376,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--rq-worker-class", default="rq.worker.SimpleWorker",
                         help="rq.worker.SimpleWorker (in-process) or rq.Worker (fork per job)")  # fmt: skip
     parser.add_argument("--skip-rq", action="store_true")
+    parser.add_argument("--leased", action="store_true",
+                        help="each job a slot's, under a lease of its own (allow-other-slots)")  # fmt: skip
     parser.add_argument("--json", type=Path, help="write the results here")
     args = parser.parse_args(argv)
-    results = [run_cron_runner(args.jobs, args.workers, args.threads, args.kill, args.kill_at)]
+    results = [run_cron_runner(args.jobs, args.workers, args.threads, args.kill, args.kill_at,
+                               leased=args.leased)]  # fmt: skip
     print(report(results), flush=True)
     if not args.skip_rq:
         results.append(

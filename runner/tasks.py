@@ -18,6 +18,7 @@ from importlib.metadata import entry_points
 from types import ModuleType
 from typing import Any, NamedTuple
 
+from runner.config.rates import RateLimit, parse_rate_limit
 from runner.config.settings import CATCHUPS, OVERLAPS
 from runner.config.sources import parse_duration
 from runner.errors import Cancelled, ConfigError, UnknownTask
@@ -47,6 +48,7 @@ class QueueOptions(NamedTuple):
     min_backoff_s: float | None = None
     max_backoff_s: float | None = None
     time_limit_s: float | None = None
+    rate_limit: RateLimit | None = None
 
 
 class RunOptions(NamedTuple):
@@ -88,13 +90,15 @@ def task(
     overlap_wait: Duration | None = None,
     catchup: str | None = None,
     catchup_window: Duration | None = None,
+    rate_limit: str | None = None,
 ) -> Callable[[TaskFn], TaskFn]:
     """Register ``fn(ctx: RunContext) -> None`` under ``name``.
 
     The keyword options matter only in queue mode: the queue its messages go to (default:
     the task name), how often a failed run is retried (``retries``) with exponential backoff
     and jitter between ``min_backoff`` and ``max_backoff``, and the worker's ``time_limit``
-    for one run. Durations are seconds or strings such as ``'30s'``, ``'5m'``.
+    for one run. Durations are seconds or strings such as ``'30s'``, ``'5m'``. ``rate_limit``
+    (``'10/1m'``): at most that many starts of the task in any such window, across all workers.
 
     ``overlap`` is what a run does when an earlier slot still holds the lease (skip,
     buffer-one, replace, allow-other-slots; docs/design.md, Overlap policies), and
@@ -119,6 +123,9 @@ def task(
         min_backoff_s=_seconds(f"task {name!r}: min_backoff", min_backoff),
         max_backoff_s=_seconds(f"task {name!r}: max_backoff", max_backoff),
         time_limit_s=_seconds(f"task {name!r}: time_limit", time_limit),
+        rate_limit=None
+        if rate_limit is None
+        else parse_rate_limit(rate_limit, f"task {name!r}: rate_limit"),
     )
     low, high = options.min_backoff_s, options.max_backoff_s
     if low is not None and high is not None and low > high:

@@ -11,7 +11,8 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from runner.config.settings import Settings
+from runner.config.rates import RateLimit, parse_rate_limit
+from runner.config.settings import OVERLAPS, Settings
 from runner.config.sources import Source, parse_duration
 from runner.errors import ConfigError
 from runner.tasks import QUEUE_NAME_RE, QueueOptions
@@ -75,9 +76,14 @@ class QueueSettings:
     queues: tuple[str, ...] = ()
     processes: int = 1
     threads: int = DEFAULT_THREADS
-    # The enqueueing CronJob's own queue, retries and time limit (the chart's per-task
-    # `queue`, `retries`, `timeLimit`): they ride in the message and win over @task's.
+    # The enqueueing CronJob's own queue, retries, time limit and rate limit (the chart's
+    # per-task `queue`, `retries`, `timeLimit`, `rateLimit`): they ride in the message and win
+    # over @task's.
     overrides: QueueOptions = _NO_OVERRIDES
+    # The enqueueing CronJob's overlap policy and wait (CRON_RUNNER_OVERLAP, _OVERLAP_WAIT):
+    # they ride in the message too, and the worker holds the task's lease under them.
+    overlap: str | None = None
+    overlap_wait_s: float | None = None
     # A port for Dramatiq's own Prometheus metrics (its Prometheus middleware); None: off.
     metrics_port: int | None = None
 
@@ -122,6 +128,7 @@ def _overrides(src: Source) -> QueueOptions:
         min_backoff_s=src.optional_duration("RETRIES_MIN_BACKOFF", minimum_s=0.001),
         max_backoff_s=src.optional_duration("RETRIES_MAX_BACKOFF", minimum_s=0.001),
         time_limit_s=src.optional_duration("TIME_LIMIT", minimum_s=0.001),
+        rate_limit=_rate_limit(src),
     )
     low, high = options.min_backoff_s, options.max_backoff_s
     if low is not None and high is not None and low > high:
@@ -130,6 +137,11 @@ def _overrides(src: Source) -> QueueOptions:
             "the backoff grows from the minimum up to the maximum"
         )
     return options
+
+
+def _rate_limit(src: Source) -> RateLimit | None:
+    value, origin = src.get("RATE_LIMIT")
+    return None if value is None else parse_rate_limit(value, origin)
 
 
 def _whole(src: Source, name: str, default: int, minimum: int, maximum: int) -> int:
@@ -183,5 +195,7 @@ def load_queue_settings(
         processes=_whole(src, "WORKER_PROCESSES", 1, 1, MAX_PROCESSES),
         threads=_whole(src, "WORKER_THREADS", DEFAULT_THREADS, 1, MAX_THREADS),
         overrides=_overrides(src),
+        overlap=src.choice("OVERLAP", "", OVERLAPS) or None,
+        overlap_wait_s=src.optional_duration("OVERLAP_WAIT", minimum_s=0.001),
         metrics_port=src.count("WORKER_METRICS_PORT", 1, 65535),
     )

@@ -9,7 +9,8 @@ Two records, both written in the finish script that releases or completes the le
   and what the watchdog judges it by (schedule, time zone, max runtime).
 
 Writers: a run (runner.run.execution, through its ``Lease``), a queue worker for each job
-(runner.queue.worker, through ``record_unleased``), the admin commands (``unlock`` and
+(runner.queue.actors: through the task's ``Lease`` for a job of a slot, through
+``record_unleased`` for a Producer's), the admin commands (``unlock`` and
 ``ack`` add a record; the watchdog adds ``expected_since``, ``ledger_until`` and
 ``max_runtime_ms``). Readers: ``status``, ``history``, ``serve`` and the watchdog
 (runner.ops.state). Every name and value here is read by the previous release too: change
@@ -21,10 +22,12 @@ Where a worker's writes differ from a run's, on purpose:
   ``duration_ms`` and before ``error``;
 - its state sets neither ``schedule``, ``timezone`` nor ``max_runtime_ms``: those are the
   enqueueing CronJob's, which its run stores; a worker leaves them as they are;
-- its state is written unfenced: the job carries the fence of the enqueue that sent it,
-  which a later enqueue may have passed;
-- its outcomes are ``ran`` and ``failed`` (a job put back at shutdown records nothing), so it
-  never touches the ``last_enqueued_*`` summary, which only an enqueueing run writes;
+- its state is written unfenced: a later slot's enqueue may take a higher fence while the
+  job still runs (the fence a job of a slot records is its own lease's; a Producer's job has
+  none, 0);
+- its outcomes are a run's (``ran``, ``failed``, ``lease_lost``, ``replaced``, and the skips,
+  which write no state); a job put back records nothing; so it never touches the
+  ``last_enqueued_*`` summary, which only an enqueueing run writes;
 - its holder is the worker's id, and ``last_slot`` is written only for a job with a slot.
 """
 

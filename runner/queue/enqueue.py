@@ -16,12 +16,13 @@ import threading
 from typing import Any
 
 from runner.config.queue import QueueSettings, refuse_cluster
-from runner.config.settings import Settings
+from runner.config.settings import BUFFER_ONE, SKIP, Settings
 from runner.keys import TaskKeys
 from runner.lease import store
 from runner.outcomes import ENQUEUED
 from runner.queue.messages import build_message, make_broker, message_id_for, send_once, sent_key
 from runner.queue.options import check_backoff, message_options, queue_of
+from runner.schedule.slots import Schedule
 from runner.tasks import RunContext, TaskSpec
 
 
@@ -48,7 +49,11 @@ class EnqueueTarget:
         # Checked even when CRON_RUNNER_QUEUE names another queue: a task the workers cannot
         # place (a name that is no queue name, no @task queue) would only be dead-lettered.
         self.queue = queue_settings.overrides.queue or queue_of(spec)
-        self.options = message_options(queue_settings.overrides)
+        overlap = queue_settings.overlap or SKIP
+        self.options = message_options(
+            queue_settings.overrides, overlap=overlap,
+            overlap_wait_s=_overlap_wait_s(settings, overlap, queue_settings.overlap_wait_s),
+        )  # fmt: skip
         self.retention_ms = int(retention_s * 1000)
         self.message_id: str | None = None
         check_backoff(spec, queue_settings.overrides)
@@ -56,7 +61,7 @@ class EnqueueTarget:
         build_message(spec.name, self.queue, slot=2**40, fence=2**40, payload=None,
                       message_id=message_id_for(settings.lease.scope, spec.name, 0, 0),
                       limit_bytes=queue_settings.max_message_bytes,
-                      options=self.options)  # fmt: skip
+                      options=self.options, name="x" * 63)  # fmt: skip
         self._thread: threading.Thread | None = None
         self._sent = False
         self._exc: BaseException | None = None
@@ -124,6 +129,8 @@ class EnqueueTarget:
             message_id=self.message_id,
             limit_bytes=self.qs.max_message_bytes,
             options=self.options,
+            # The worker takes this name's lease around the job (runner.queue.jobs).
+            name=ctx.task,
         )
         dedup_key = sent_key(
             TaskKeys(self.settings.lease.prefix, scope, ctx.task), message.message_id
@@ -148,3 +155,13 @@ class EnqueueTarget:
             f"attempt of this slot on queue {self.queue!r}: not sent again",
             extra={"event": "enqueued", "message_id": message.message_id, "queue": self.queue},
         )
+
+
+def _overlap_wait_s(settings: Settings, overlap: str, given_s: float | None) -> float | None:
+    """How long a job waits under buffer-one or replace: CRON_RUNNER_OVERLAP_WAIT, else for
+    buffer-one the schedule's shortest gap (the next slot's job would supersede it by then);
+    None leaves the worker's default (its TTL + shutdown grace + 10 s)."""
+    slots = settings.slots
+    if given_s is not None or overlap != BUFFER_ONE or not slots.schedule:
+        return given_s
+    return Schedule.parse(slots.schedule, slots.timezone, slots.skew_tolerance_s).min_gap_s

@@ -81,15 +81,23 @@ def build_message(
     message_id: str | None,
     limit_bytes: int | None,
     options: Mapping[str, Any] | None = None,
+    name: str | None = None,
 ) -> Message:
+    """``name``: the run's own name when a run sends it (EnqueueTarget), which may differ from
+    the actor's (``run TASK --name KEY``). The worker takes that name's lease around a job with
+    a name or a slot (runner.queue.jobs); one with neither (a Producer's) is a piece of work,
+    not a run of a slot, and takes none."""
     from dramatiq import Message as DramatiqMessage  # noqa: PLC0415
     from dramatiq.message import generate_unique_id  # noqa: PLC0415
 
+    kwargs: dict[str, Any] = {"slot": slot, "fence": fence, "payload": dict(payload or {})}
+    if name is not None:
+        kwargs["name"] = name
     message: Message = DramatiqMessage(
         queue_name=queue,
         actor_name=task,
         args=(),
-        kwargs={"slot": slot, "fence": fence, "payload": dict(payload or {})},
+        kwargs=kwargs,
         options=dict(options or {}),
         message_id=message_id or generate_unique_id(),
         message_timestamp=int(clock.wall() * 1000),

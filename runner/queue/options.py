@@ -1,15 +1,26 @@
-"""Which queue a task's messages go to, and which retry and time-limit options they carry:
-the enqueueing CronJob's (CRON_RUNNER_QUEUE, _RETRIES_*, _TIME_LIMIT), else the task's
-``@task(...)``, else the worker's defaults (docs/design.md, Queue mode).
+"""Which queue a task's messages go to, and which options they carry: the enqueueing
+CronJob's (CRON_RUNNER_QUEUE, _RETRIES_*, _TIME_LIMIT, _RATE_LIMIT, _OVERLAP, _OVERLAP_WAIT),
+else the task's ``@task(...)``, else the worker's defaults (docs/design.md, Queue mode).
 
 Plain functions over the registry and settings; no Dramatiq, no Redis.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import Any, NamedTuple
+
 from runner.config.queue import DEFAULT_MAX_BACKOFF_S, DEFAULT_MIN_BACKOFF_S, DEFAULT_RETRIES
+from runner.config.rates import RateLimit, parse_rate_limit
+from runner.config.settings import OVERLAPS, SKIP
 from runner.errors import ConfigError
 from runner.tasks import QUEUE_NAME_RE, QueueOptions, Registry, TaskSpec, queue_options
+
+# The message options a worker reads besides Dramatiq's own: Dramatiq keeps options it does
+# not know, and a worker of an earlier release ignores them.
+OVERLAP = "overlap"
+OVERLAP_WAIT_MS = "overlap_wait"
+RATE_LIMIT = "rate_limit"
 
 
 def queue_of(spec: TaskSpec) -> str:
@@ -43,6 +54,7 @@ def effective_options(spec: TaskSpec, overrides: QueueOptions) -> QueueOptions:
         min_backoff_s=first(overrides.min_backoff_s, declared.min_backoff_s, DEFAULT_MIN_BACKOFF_S),
         max_backoff_s=first(overrides.max_backoff_s, declared.max_backoff_s, DEFAULT_MAX_BACKOFF_S),
         time_limit_s=first(overrides.time_limit_s, declared.time_limit_s),
+        rate_limit=overrides.rate_limit or declared.rate_limit,
     )
 
 
@@ -60,15 +72,55 @@ def check_backoff(spec: TaskSpec, overrides: QueueOptions) -> None:
         )
 
 
-def message_options(overrides: QueueOptions) -> dict[str, int]:
+def message_options(
+    overrides: QueueOptions, *, overlap: str = SKIP, overlap_wait_s: float | None = None
+) -> dict[str, int | str]:
     """Per-message options in Dramatiq's units, read by its Retries and TimeLimit middleware
-    before the actor's own (dramatiq/middleware/retries.py, time_limit.py)."""
-    options: dict[str, int] = {}
+    before the actor's own (dramatiq/middleware/retries.py, time_limit.py); and ours, read by
+    the worker (``job_policy``): the rate limit, and the overlap policy unless it is skip, so a
+    default task's message is what it was."""
+    options: dict[str, int | str] = {}
     if overrides.max_retries is not None:
         options["max_retries"] = overrides.max_retries
     for key, seconds in (("min_backoff", overrides.min_backoff_s),
                          ("max_backoff", overrides.max_backoff_s),
-                         ("time_limit", overrides.time_limit_s)):  # fmt: skip
+                         ("time_limit", overrides.time_limit_s),
+                         (OVERLAP_WAIT_MS, overlap_wait_s if overlap != SKIP else None)):  # fmt: skip
         if seconds is not None:
             options[key] = max(1, round(seconds * 1000))
+    if overrides.rate_limit is not None:
+        options[RATE_LIMIT] = str(overrides.rate_limit)
+    if overlap != SKIP:
+        options[OVERLAP] = overlap
     return options
+
+
+class JobPolicy(NamedTuple):
+    """How a worker runs one message of a task: the overlap policy of the task's lease, how
+    long buffer-one and replace wait (None: the worker's default), and the rate limit."""
+
+    overlap: str = SKIP
+    overlap_wait_s: float | None = None
+    rate_limit: RateLimit | None = None
+
+
+def job_policy(options: Mapping[str, Any], spec: TaskSpec) -> JobPolicy:
+    """The message's own options (the enqueueing CronJob's), else the task's ``@task``'s.
+
+    A message from a newer release may name a policy this worker does not know: it is refused
+    rather than run under another one."""
+    overlap = options.get(OVERLAP, SKIP)
+    if overlap not in OVERLAPS:
+        raise ConfigError(
+            f"message option {OVERLAP}={str(overlap)[:40]!r} is not a policy this worker knows "
+            f"({', '.join(OVERLAPS)}): upgrade the workers"
+        )
+    wait_ms = options.get(OVERLAP_WAIT_MS)
+    rate = options.get(RATE_LIMIT)
+    return JobPolicy(
+        overlap=str(overlap),
+        overlap_wait_s=int(wait_ms) / 1000 if wait_ms is not None else None,
+        rate_limit=parse_rate_limit(str(rate), f"message option {RATE_LIMIT}")
+        if rate is not None
+        else queue_options(spec.fn).rate_limit,
+    )

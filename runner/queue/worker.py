@@ -6,11 +6,12 @@ N of these (runner.queue.supervisor); each job's run is recorded as a run's is, 
 stream and the state hash (runner.lease.journal).
 
 Each task becomes an actor named after it, on its queue (``@task(queue=...)``, default its
-name), with its retry and time-limit options. A message runs the task with a ``RunContext``
-like a run's: the slot and fencing token taken when the CronJob enqueued it, the worker's id
-as holder, the message's payload. Dramatiq does the rest: exponential backoff with jitter
-between retries, the dead-letter queue after the last one, re-delivery of a dead worker's
-messages once its heartbeat is older than the heartbeat timeout.
+name), with its retry and time-limit options (runner.queue.actors). A message runs the task
+with a ``RunContext`` like a run's, under the task's lease when a run sent it (its overlap
+policy, a fencing token of its own: runner.queue.jobs), and within the task's rate limit
+(runner.queue.limits). Dramatiq does the rest: exponential backoff with jitter between
+retries, the dead-letter queue after the last one, re-delivery of a dead worker's messages
+once its heartbeat is older than the heartbeat timeout.
 
 Graceful stop. SIGTERM stops fetching; running jobs may finish within the shutdown grace
 (``CRON_RUNNER_SHUTDOWN_GRACE``, kept below the pod's terminationGracePeriodSeconds). Near its
@@ -25,7 +26,7 @@ from __future__ import annotations
 import logging
 import os
 import threading
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
@@ -36,7 +37,6 @@ from dramatiq.common import q_name
 from dramatiq.middleware import Middleware, Retries, TimeLimit
 from redis.exceptions import RedisError
 
-from runner import clock
 from runner.config.queue import (
     DEFAULT_MAX_BACKOFF_S,
     DEFAULT_MIN_BACKOFF_S,
@@ -44,15 +44,13 @@ from runner.config.queue import (
     QueueSettings,
 )
 from runner.config.settings import Settings
-from runner.errors import EXIT_TERMINATED, Cancelled, ConfigError
-from runner.keys import TaskKeys
-from runner.lease import journal, store
-from runner.logs import RunLogger, run_logger
-from runner.outcomes import FAILED, RAN, REQUEUED
+from runner.errors import EXIT_TERMINATED, ConfigError
+from runner.lease import store
+from runner.queue.actors import Actors
 from runner.queue.messages import make_broker
 from runner.queue.options import queue_of
 from runner.signals import Shutdown
-from runner.tasks import Registry, RunContext, TaskSpec, queue_options
+from runner.tasks import Registry, RunContext, TaskSpec
 
 log = logging.getLogger("runner.worker")
 
@@ -68,15 +66,6 @@ def cancel_after_s(grace_s: float) -> float:
     """When, after SIGTERM, running jobs are asked to stop: late in the grace, leaving the
     last fifth (at most 5 s) for them to unwind and be put back."""
     return grace_s - min(5.0, grace_s / 5)
-
-
-@dataclass(frozen=True)
-class _Run:
-    ctx: RunContext
-    logger: RunLogger
-    message_id: str
-    started_wall: float
-    started_mono: float
 
 
 @dataclass
@@ -95,6 +84,7 @@ class Runtime(Middleware):
         self.lock = threading.Lock()
         self.stopping = threading.Event()
         self.requeued = 0
+        self._putting_back = threading.local()
 
     # Dramatiq's hooks, on the worker threads.
     def before_process_message(self, broker: Broker, message: MessageProxy) -> None:
@@ -115,6 +105,8 @@ class Runtime(Middleware):
     after_skip_message = after_process_message
 
     def before_enqueue(self, broker: Broker, message: Any, delay: int | None) -> None:
+        if getattr(self._putting_back, "active", False):
+            return
         if delay is not None and "retries" in message.options:
             log.info(
                 f"retry {message.options['retries']} of {message.actor_name} in {delay} ms",
@@ -171,6 +163,28 @@ class Runtime(Middleware):
             )  # fmt: skip
 
     # Ours.
+    def current(self) -> MessageProxy | None:
+        """The message this worker thread runs."""
+        with self.lock:
+            item = self.running.get(threading.get_ident())
+        return item.message if item is not None else None
+
+    def put_back(
+        self,
+        broker: Broker,
+        message: MessageProxy,
+        delay_ms: int | None = None,
+        options: dict[str, Any] | None = None,
+    ) -> None:
+        """A copy of ``message`` goes back on its queue (after ``delay_ms``), its retries
+        untouched; this one is then acknowledged. A crash in between delivers it twice, never
+        zero times (the lease keeps a slot's job from running twice)."""
+        self._putting_back.active = True
+        try:
+            broker.enqueue(message.copy(options=options or {}), delay=delay_ms)
+        finally:
+            self._putting_back.active = False
+
     def attach(self, ctx: RunContext) -> MessageProxy | None:
         with self.lock:
             item = self.running.get(threading.get_ident())
@@ -188,132 +202,6 @@ class Runtime(Middleware):
             contexts = [i.ctx for i in self.running.values() if i.ctx is not None]
         for ctx in contexts:
             ctx.cancel(reason)
-
-
-class Actors:
-    """Builds one actor per registered task and runs a message as a task run."""
-
-    def __init__(
-        self, settings: Settings, broker: RedisBroker, runtime: Runtime, record_client: Any
-    ) -> None:
-        self.settings = settings
-        self.broker = broker
-        self.runtime = runtime
-        self.record_client = record_client
-
-    def declare(self, spec: TaskSpec, queue: str) -> None:
-        opts = queue_options(spec.fn)
-        options: dict[str, Any] = {}
-        if opts.max_retries is not None:
-            options["max_retries"] = opts.max_retries
-        if opts.min_backoff_s is not None:
-            options["min_backoff"] = int(opts.min_backoff_s * 1000)
-        if opts.max_backoff_s is not None:
-            options["max_backoff"] = int(opts.max_backoff_s * 1000)
-        if opts.time_limit_s is not None:
-            options["time_limit"] = int(opts.time_limit_s * 1000)
-        dramatiq.Actor(
-            self._runner(spec),
-            broker=self.broker,
-            actor_name=spec.name,
-            queue_name=queue,
-            priority=0,
-            options=options,
-        )
-
-    def _runner(self, spec: TaskSpec) -> Callable[..., None]:
-        def run(
-            slot: int | None = None,
-            fence: int = 0,
-            payload: dict[str, Any] | None = None,
-            **_unknown: Any,
-        ) -> None:
-            self._run(spec, slot, fence, payload or {})
-
-        run.__name__ = run.__qualname__ = spec.fn.__name__
-        run.__module__ = spec.fn.__module__
-        return run
-
-    def _run(self, spec: TaskSpec, slot: int | None, fence: int, payload: dict[str, Any]) -> None:
-        holder = self.runtime.worker_id
-        logger = run_logger(spec.name, holder)
-        logger.bind(slot=slot if slot is not None else "manual", fence=fence)
-        ctx = RunContext(
-            task=spec.name, slot=slot, fencing_token=fence, holder=holder, logger=logger,
-            payload=payload,
-        )  # fmt: skip
-        message = self.runtime.attach(ctx)
-        attempt = int(message.options.get("retries", 0)) if message is not None else 0
-        message_id = message.message_id if message is not None else ""
-        logger.bind(message_id=message_id, attempt=attempt)
-        run = _Run(ctx, logger, message_id, clock.wall(), clock.monotonic())
-        logger.debug("start", extra={"event": "start"})
-        try:
-            spec.fn(ctx)
-        except Cancelled:
-            if not self.runtime.stopping.is_set() or message is None:
-                self._finish(run, FAILED, "cancelled")
-                raise
-            # Stopped for the shutdown: a copy goes back with the same retry count, then this
-            # one is acknowledged. A crash in between runs it twice, never zero times.
-            self.broker.enqueue(message.copy())
-            self.runtime.requeued += 1
-            self._finish(run, REQUEUED, None)
-            return
-        except BaseException as exc:
-            self._finish(run, FAILED, f"{type(exc).__name__}: {exc}")
-            raise
-        self._finish(run, RAN, None)
-
-    def _finish(self, run: _Run, outcome: str, error: str | None) -> None:
-        logger = run.logger
-        duration_ms = int((clock.monotonic() - run.started_mono) * 1000)
-        code = 1 if outcome == FAILED else 0
-        level = logging.WARNING if outcome != RAN else logging.INFO
-        logger.log(
-            level,
-            f"finished: {outcome}" + (f" ({error})" if error else ""),
-            extra={"event": "finished", "outcome": outcome, "exit_code": code,
-                   "duration_ms": duration_ms},
-        )  # fmt: skip
-        if outcome == REQUEUED:
-            return
-        self._record(run, outcome, code, duration_ms, error)
-
-    def _record(
-        self, run: _Run, outcome: str, code: int, duration_ms: int, error: str | None
-    ) -> None:
-        """The same run stream and state hash a run writes (runner.lease.journal), so history,
-        status and the watchdog see what the workers did."""
-        ctx = run.ctx
-        lease_settings = self.settings.lease
-        record = journal.run_record(
-            slot=ctx.slot,
-            holder=ctx.holder,
-            fence=ctx.fencing_token,
-            outcome=outcome,
-            exit_code=code,
-            started_at_s=run.started_wall,
-            duration_ms=duration_ms,
-            error=error,
-            message_id=run.message_id,
-        )
-        state = journal.state(
-            outcome=outcome,
-            exit_code=code,
-            fence=ctx.fencing_token,
-            holder=ctx.holder,
-            slot=ctx.slot,
-            at_s=clock.wall(),
-            duration_ms=duration_ms,
-        )
-        keys = TaskKeys(lease_settings.prefix, lease_settings.scope, ctx.task)
-        try:
-            journal.record_unleased(
-                self.record_client, keys, record, state, runs_maxlen=lease_settings.history_length
-            )
-        except RedisError as exc:
-            run.logger.warning(f"could not record the run: {exc}", extra={"event": "record_failed"})
 
 
 class Plan(NamedTuple):

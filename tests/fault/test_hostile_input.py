@@ -43,7 +43,7 @@ VARIABLES = [
     "MAX_MESSAGE_SIZE", "WORKER_QUEUES", "WORKER_PROCESSES", "WORKER_THREADS",
     "WORKER_POLL_INTERVAL", "QUEUE_HEARTBEAT_TIMEOUT", "QUEUE_MAINTENANCE_CHANCE",
     "QUEUE_DEAD_MESSAGE_TTL", "QUEUE", "RETRIES_MAX", "RETRIES_MIN_BACKOFF",
-    "RETRIES_MAX_BACKOFF", "TIME_LIMIT",
+    "RETRIES_MAX_BACKOFF", "TIME_LIMIT", "RATE_LIMIT",
 ]  # fmt: skip
 
 # Values a fuzzer rarely finds on its own: the edges of each parser.
@@ -74,7 +74,7 @@ def _safe_to_use(env: dict[str, str]) -> None:
         assert 0 < qs.max_message_bytes <= MAX_MESSAGE_BYTES_LIMIT
         assert 0 < qs.processes <= MAX_PROCESSES and 0 < qs.threads <= MAX_THREADS
         assert all(isinstance(v, int) and v > 0 for k, v in message_options(qs.overrides).items()
-                   if k != "max_retries")  # fmt: skip
+                   if k not in ("max_retries", "rate_limit"))  # fmt: skip
         assert s.lease.ttl_ms > 0
         assert urlsplit(s.redis.display_url).password is None
         TaskKeys(s.lease.prefix, s.lease.scope, "task").all_keys()

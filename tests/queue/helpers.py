@@ -15,10 +15,12 @@ import redis
 
 from runner.config.queue import QueueSettings
 from runner.config.settings import load_settings
+from runner.queue.messages import build_message, enqueue_on, make_broker
 from runner.queue.producer import Producer
 from runner.queue.stats import QueueStats, queue_stats
 from runner.testing import RedisServer
 from tests.helpers.proc import CRON_RUNNER, events, runner_env
+from tests.helpers.wait import wait_for
 from tests.queue.queue_tasks import EFFECTS
 
 NAMESPACE = "cron-runner:queue:default"
@@ -83,6 +85,17 @@ class WorkerProc:
         self.path.unlink(missing_ok=True)
 
 
+def start_worker(
+    workers: list[WorkerProc], env: dict[str, str], *args: str, holder: str = "w"
+) -> WorkerProc:
+    """A worker named ``w<n>`` (``holder`` + its index), kept in ``workers`` for the fixture
+    to stop; returns once it is ready."""
+    w = WorkerProc({**env, "CRON_RUNNER_HOLDER": f"{holder}{len(workers)}"}, *args)
+    workers.append(w)
+    wait_for(w.ready, 20, "the worker to be ready")
+    return w
+
+
 def effects(r: redis.Redis, what: str | None = None) -> list[dict[str, Any]]:
     out = [json.loads(line) for line in cast(list[str], r.lrange(EFFECTS, 0, -1))]
     return [e for e in out if what is None or e["what"] == what]
@@ -110,3 +123,31 @@ def producer(server: RedisServer) -> Producer:
         {"CRON_RUNNER_REDIS_URL": server.url, "CRON_RUNNER_TASK_MODULES": TASK_MODULES}
     )
     return Producer(settings, QueueSettings(namespace=NAMESPACE))
+
+
+def send_slot(
+    r: redis.Redis,
+    task: str,
+    slot: int | None,
+    *,
+    payload: dict[str, Any] | None = None,
+    options: dict[str, Any] | None = None,
+    name: str | None = None,
+) -> str:
+    """The message an enqueueing run sends for ``slot`` (its name, the message options of its
+    CRON_RUNNER_* settings), sent here directly: several slots can then wait on the queue
+    together, as when the workers were busy or down when the CronJobs fired."""
+    message = build_message(task, task, slot=slot, fence=1, payload=payload, message_id=None,
+                            limit_bytes=None, options=options, name=name or task)  # fmt: skip
+    broker = make_broker(r, QueueSettings(namespace=NAMESPACE))
+    with r.pipeline(transaction=False) as pipe:
+        enqueue_on(pipe, broker, message)
+        pipe.execute()
+    return message.message_id
+
+
+def history(env: dict[str, str], task: str) -> list[dict[str, Any]]:
+    """`cron-runner history TASK -o json`, oldest first."""
+    done = cli(env, "history", task, "-o", "json", "-n", "100")
+    assert done.returncode == 0, done.stderr
+    return list(reversed(json.loads(done.stdout)["runs"]))

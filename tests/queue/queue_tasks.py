@@ -12,6 +12,7 @@ from typing import Any, cast
 import redis
 
 from runner import RunContext, task
+from runner.errors import Cancelled
 
 EFFECTS = "test:effects"
 ATTEMPTS = "test:attempts:"
@@ -111,6 +112,28 @@ def overtime(ctx: RunContext) -> None:
     end = time.monotonic() + 10
     while time.monotonic() < end:
         time.sleep(0.01)
+    effect(ctx, "ran")
+
+
+@task("q-slot")
+def slot_job(ctx: RunContext) -> None:
+    """A scheduled job of a few seconds (the payload's, else 3) that checks between steps, as
+    the issue's 3-second task; released early by the test's RELEASE key."""
+    effect(ctx, "start")
+    end = time.monotonic() + float(ctx.payload.get("seconds", 3))
+    try:
+        while time.monotonic() < end and not _released():
+            ctx.check()
+            time.sleep(0.02)
+    except Cancelled as exc:
+        effect(ctx, "stopped", reason=str(exc))
+        raise
+    effect(ctx, "ran")
+
+
+@task("q-rated", rate_limit="4/1s")
+def rated(ctx: RunContext) -> None:
+    """At most 4 starts in any second, across every worker."""
     effect(ctx, "ran")
 
 

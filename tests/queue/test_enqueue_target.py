@@ -3,6 +3,9 @@ that hangs is stopped by kill() instead of leaving the run to abandon a Python t
 
 from __future__ import annotations
 
+import json
+from typing import cast
+
 import redis
 
 from runner import clock
@@ -68,3 +71,25 @@ def test_a_hung_send_is_killed_not_abandoned(redis_server: RedisServer) -> None:
         assert clock.monotonic() - killed_at < 4.0
         assert target.exit_code() == 1
         assert (target.error() or "").startswith("Terminated: enqueue: stopped")
+
+
+def test_the_message_names_the_run_and_carries_its_overlap_policy(
+    redis_server: RedisServer, r: redis.Redis
+) -> None:
+    """The worker takes the lease of the run's name under the CronJob's policy: both ride in
+    the message, and buffer-one's wait defaults to the schedule's shortest gap."""
+    settings = load_settings({"CRON_RUNNER_REDIS_URL": redis_server.url,
+                              "CRON_RUNNER_SCHEDULE": "*/5 * * * *"})  # fmt: skip
+    qs = QueueSettings(namespace="cron-runner:queue:default", overlap="buffer-one")
+    target = EnqueueTarget(settings, qs, TaskSpec("report", report, "test"), retention_s=3600)
+    ctx = _ctx()
+    ctx.task = "nightly-report"  # run report --name nightly-report
+    target.start(ctx)
+    wait_for(lambda: target.poll(0.1), 10)
+    assert (target.exit_code(), target.error()) == (0, None)
+    (raw,) = cast(list[str], r.hvals("cron-runner:queue:default:report.msgs"))
+    message = json.loads(raw)
+    assert message["actor_name"] == "report"
+    assert message["kwargs"] == {"slot": SLOT, "fence": 7, "payload": {}, "name": "nightly-report"}
+    assert message["options"]["overlap"] == "buffer-one"
+    assert message["options"]["overlap_wait"] == 300_000

@@ -14,7 +14,7 @@ import redis
 from runner.errors import ConfigError
 from runner.keys import TaskKeys
 from runner.testing import RedisServer
-from tests.helpers.proc import outcome
+from tests.helpers.proc import events, outcome
 from tests.helpers.wait import wait_for
 
 # The run rule and the operations rule docs/reliability.md publishes, checked there for runs.
@@ -36,6 +36,8 @@ ACL_QUEUE = (
     "+rpush +lpop +llen +sadd +srem +smembers +scard +hexists +hdel +hlen "
     "+zadd +zrem +zrange +zrangebyscore +zcard +keys"
 )
+# And for a task with a rate limit: Dramatiq's WindowRateLimiter sums its buckets with MGET.
+ACL_RATE_LIMIT = "+mget"
 
 
 # Dramatiq's keys of team-a's namespace: the namespace itself (its dispatch script's KEYS[1])
@@ -45,7 +47,7 @@ QUEUE_SCOPE_KEYS = "~cron-runner:queue:team-a ~cron-runner:queue:team-a:*"
 
 @pytest.fixture
 def acl_env(redis_server: RedisServer, r: redis.Redis) -> Iterator[dict[str, str]]:
-    rule = f"{ACL_RULE} {ACL_OPS} {ACL_QUEUE}"
+    rule = f"{ACL_RULE} {ACL_OPS} {ACL_QUEUE} {ACL_RATE_LIMIT}"
     r.execute_command("ACL", "SETUSER", "cron-runner", "reset", "on", ">s3cret", *rule.split())
     yield queue_env(
         redis_server,
@@ -79,12 +81,15 @@ def test_every_queue_path_as_the_acl_user(
     try:
         wait_for(worker.ready, 20, "the worker")
         wait_for(lambda: effects(r, "ran"), 20, "the enqueued job to run")
-        # Retries through the delay queue, then the dead-letter queue.
+        # Retries through the delay queue, then the dead-letter queue; a rate limit (4/1s)
+        # that holds some jobs back.
         p = producer(redis_server)
         p.send("q-flaky", {"id": "acl"})
         p.send("q-doomed", {"n": 1})
+        for n in range(6):
+            p.send("q-rated", {"n": n})
         p.close()
-        wait_for(lambda: len(effects(r, "ran")) == 2, 30, "the flaky job to succeed")
+        wait_for(lambda: len(effects(r, "ran")) == 8, 30, "the flaky and rated jobs to succeed")
         wait_for(lambda: stats(r, "q-doomed").dead == 1, 30, "the doomed job to be dead")
         wait_for(lambda: not r.zscore(f"{NAMESPACE}:__heartbeats__", "long-gone"), 20,
                  "maintenance to clear the dead worker")  # fmt: skip
@@ -99,13 +104,14 @@ def test_every_queue_path_as_the_acl_user(
         r.set("test:doomed:fixed", "1")
         retried = cli(acl_env, "dlq", "retry", "q-doomed", "--all")
         assert retried.returncode == 0, retried.stderr
-        wait_for(lambda: len(effects(r, "ran")) == 3, 30, "the retried job to run")
+        wait_for(lambda: len(effects(r, "ran")) == 9, 30, "the retried job to run")
         worker.terminate()
         assert worker.wait(30) == 0
         text = worker.text()
     finally:
         worker.stop()
     assert "NOPERM" not in text and "no permissions" not in text, text[-2000:]
+    assert [e for e in events(text) if e.get("event") == "rate_limited"]
 
 
 def test_queue_mode_within_one_scope_as_its_acl_user(

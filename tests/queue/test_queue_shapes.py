@@ -44,7 +44,7 @@ def _env(url: str, effects: Path, **extra: str) -> dict[str, str]:
 
 def enqueue_then_work(env: dict[str, str], primary: redis.Redis, effects: Path) -> None:
     """One enqueue-mode run sends the slot's message to ``primary``; a worker runs it once,
-    with the slot and fencing token taken at enqueue, drains the queue and exits 0 on SIGTERM."""
+    under the task's lease, drains the queue and exits 0 on SIGTERM."""
     minutes = int(time.time() // 60)
     slot = minutes * 60
     enqueue = {**env, "CRON_RUNNER_MODE": "enqueue",
@@ -71,9 +71,12 @@ def enqueue_then_work(env: dict[str, str], primary: redis.Redis, effects: Path) 
     (stopped,) = [e for e in events(text) if e.get("event") == "worker_stopped"]
     assert stopped["exit_code"] == 0
 
-    # "ran HOLDER FENCE SLOT TIME", once: the worker's id, the enqueue's fence and slot.
+    # "ran HOLDER FENCE SLOT TIME", once: the worker's id, the slot, and the fencing token of
+    # the worker's own lease, taken after the enqueue's.
     (ran,) = side_effects(effects)
-    assert ran.split()[1:4] == ["shape-worker", str(message["fence"]), str(slot)]
+    holder, fence, ran_slot = ran.split()[1:4]
+    assert (holder, ran_slot) == ("shape-worker", str(slot))
+    assert int(fence) > message["fence"]
     assert stats(primary, TASK) == QueueStats(TASK, 0, 0, 0, 0)
     # It left the heartbeats holding nothing: no maintenance will take it for dead.
     assert primary.zcard(f"{NAMESPACE}:__heartbeats__") == 0
