@@ -297,7 +297,9 @@ def test_the_enqueueing_cronjob_sends_its_overlap_policy_and_the_worker_holds_it
     ran = sorted(effects(r, "ran"), key=lambda e: e["slot"])
     assert [e["task"] for e in starts] == ["slots", "slots"]
     assert starts[1]["at"] < ran[0]["at"], "side by side"
-    # The job's records go where the run's name put the enqueue's: `history slots`.
+    # The job's records go where the run's name put the enqueue's: `history slots`. A task's
+    # effect is written before its worker records the job, so wait for the records.
+    wait_for(lambda: len(runs(r, "slots")) == 4, 30, "both jobs recorded")
     assert [f["outcome"] for f in runs(r, "slots")] == ["enqueued", "enqueued", "ran", "ran"]
 
     bad = cli({**queue_env(redis_server, CRON_RUNNER_MODE="enqueue"),
