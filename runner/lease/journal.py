@@ -196,10 +196,13 @@ def _text(value: Any) -> str:
 
 
 # The finish script's record mode, as Lease.record calls it: an empty token (no owner check,
-# the lease untouched), no slot marker; the retention is only read with a marker.
+# the lease untouched), no slot marker; the retention is only read with a marker. The flags
+# after the fence (keep the lease, a marker key given, the task's lease given, the failure
+# count, pause after N, who pauses, the minimum while paused) are all off.
 _RECORD_TOKEN = ""
 _RECORD_RETENTION_MS = 3_600_000
 _UNFENCED = ""
+_NO_FLAGS = ["", "", "", "", 0, "", 0]
 
 
 def record_unleased(
@@ -212,9 +215,9 @@ def record_unleased(
     Raises ``FinishIncomplete`` when the script could not make every write (an ACL refusal, a
     key of the wrong type), and what Redis raises when it cannot be reached.
     """
-    args = [_RECORD_TOKEN, runs_maxlen, _RECORD_RETENTION_MS, _UNFENCED]
+    args = [_RECORD_TOKEN, runs_maxlen, _RECORD_RETENTION_MS, _UNFENCED, *_NO_FLAGS]
     args += _pairs(record) + _pairs(state_fields) + _pairs(None)
-    reply = SCRIPTS["finish"](client, [keys.lease, keys.runs, keys.state], args)
+    reply = SCRIPTS["finish"](client, [keys.lease, keys.runs, keys.state, keys.meta], args)
     if _text(reply[0]) == "partial":
         failed = [_text(x) for x in reply[3:]]
         raise FinishIncomplete("record", failed, _text(reply[1]), None, _RECORD_RETENTION_MS)
