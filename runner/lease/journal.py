@@ -9,9 +9,9 @@ Two records, both written in the finish script that releases or completes the le
   and what the watchdog judges it by (schedule, time zone, max runtime).
 
 Writers: a run (runner.run.execution, through its ``Lease``), a queue worker for each job
-(runner.queue.worker, through ``record_unleased``), the admin commands (``unlock`` and
-``ack`` add a record; the watchdog adds ``expected_since``, ``ledger_until`` and
-``max_runtime_ms``). Readers: ``status``, ``history``, ``serve`` and the watchdog
+(runner.queue.worker, through ``record_unleased``), the admin commands (``unlock``, ``ack``,
+``pause`` and ``resume`` add a record; the watchdog adds ``expected_since``, ``ledger_until``
+and ``max_runtime_ms``; ``pause`` and ``resume`` the pause's window). Readers: ``status``, ``history``, ``serve`` and the watchdog
 (runner.ops.state). Every name and value here is read by the previous release too: change
 none, only add.
 
@@ -56,6 +56,8 @@ DURATION_MS = "duration_ms"
 MESSAGE_ID = "message_id"  # a queue worker's only
 ERROR = "error"  # only when there is one, cut to ERROR_MAX_CHARS
 UNLOCKED = "unlocked"  # an unlock's record: the token it removed (the UNLOCK script writes it)
+NOTE = "note"  # a pause's or resume's record: the pause's note (runner.ops.pause)
+PAUSED_UNTIL = "paused_until"  # a pause's record: when it ends by itself, '' until resumed
 ERROR_MAX_CHARS = 500
 
 # -- the state hash ---------------------------------------------------------------------------
@@ -75,6 +77,10 @@ EXPECTED_SINCE = "expected_since"
 LEDGER_UNTIL = "ledger_until"
 #: '1' once the task is in its scope's index (Lease.index).
 INDEXED = "indexed"
+#: The last pause's window (epoch seconds; PAUSED_TO '' while it lasts with no end): its slots
+#: are not missed (runner.ops.pause).
+PAUSED_FROM = "paused_from"
+PAUSED_TO = "paused_to"
 
 # Three summaries, each three fields: ``<summary>_at``, ``<summary>_duration_ms`` and, for a
 # run with a slot, ``<summary>_slot``.
