@@ -25,6 +25,7 @@ from runner.keys import validate_name
 ENTRY_POINT_GROUP = "cron_runner.tasks"
 _MARK = "__cron_runner_task__"
 _QUEUE_MARK = "__cron_runner_queue__"
+_RUN_MARK = "__cron_runner_run__"
 # Dramatiq's rule for queue names; the default queue is the task's own name.
 QUEUE_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9._-]{0,62}\Z")
 
@@ -46,6 +47,14 @@ class QueueOptions(NamedTuple):
     time_limit_s: float | None = None
 
 
+class RunOptions(NamedTuple):
+    """How the task's runs share the lease, given to ``@task``: the defaults of settings that a
+    flag or a ``CRON_RUNNER_*`` variable (the chart's per-task values) still overrides.
+    ``None``: not given."""
+
+    pause_on_failures: int | None = None
+
+
 def _seconds(what: str, value: Duration | None) -> float | None:
     if value is None:
         return None
@@ -63,6 +72,7 @@ def task(
     min_backoff: Duration | None = None,
     max_backoff: Duration | None = None,
     time_limit: Duration | None = None,
+    pause_on_failures: int | None = None,
 ) -> Callable[[TaskFn], TaskFn]:
     """Register ``fn(ctx: RunContext) -> None`` under ``name``.
 
@@ -70,6 +80,10 @@ def task(
     the task name), how often a failed run is retried (``retries``) with exponential backoff
     and jitter between ``min_backoff`` and ``max_backoff``, and the worker's ``time_limit``
     for one run. Durations are seconds or strings such as ``'30s'``, ``'5m'``.
+
+    ``pause_on_failures``: pause the task everywhere after this many consecutive failures
+    (0: never; docs/design.md, Pause); CRON_RUNNER_PAUSE_ON_FAILURES (or --pause-on-failures)
+    wins over it.
     """
     validate_name("task name", name)
     if queue is not None and not QUEUE_NAME_RE.match(queue):
@@ -89,10 +103,21 @@ def task(
     low, high = options.min_backoff_s, options.max_backoff_s
     if low is not None and high is not None and low > high:
         raise ConfigError(f"task {name!r}: min_backoff is above max_backoff")
+    if pause_on_failures is not None and (
+        isinstance(pause_on_failures, bool)
+        or not isinstance(pause_on_failures, int)
+        or pause_on_failures < 0
+    ):
+        raise ConfigError(
+            f"task {name!r}: pause_on_failures={pause_on_failures!r} is not valid: expected how "
+            "many consecutive failures pause the task, a whole number, or 0 for never"
+        )
+    run = RunOptions(pause_on_failures=pause_on_failures)
 
     def mark(fn: TaskFn) -> TaskFn:
         setattr(fn, _MARK, name)
         setattr(fn, _QUEUE_MARK, options)
+        setattr(fn, _RUN_MARK, run)
         return fn
 
     return mark
@@ -102,6 +127,12 @@ def queue_options(fn: TaskFn) -> QueueOptions:
     """The queue options given to ``@task``, or the defaults for an undecorated function."""
     options = getattr(fn, _QUEUE_MARK, None)
     return options if isinstance(options, QueueOptions) else QueueOptions()
+
+
+def run_options(fn: TaskFn) -> RunOptions:
+    """The run options given to ``@task``, or none for an undecorated function."""
+    options = getattr(fn, _RUN_MARK, None)
+    return options if isinstance(options, RunOptions) else RunOptions()
 
 
 @dataclass

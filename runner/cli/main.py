@@ -18,6 +18,7 @@ from runner.errors import ConfigError, CronRunnerError, Terminated, UsageError
 if TYPE_CHECKING:
     from runner.run.observer import RunObserver
     from runner.run.targets import Target
+    from runner.tasks import RunOptions
 
 log = logging.getLogger("runner")
 
@@ -57,6 +58,8 @@ ENVIRONMENT = """environment (flags win over variables):
                                  finish, renew or expire (default the TTL + 10s)
   CRON_RUNNER_REDEFINE           true: replace the task's stored definition (schedule, zone,
                                  command) with this one, on purpose; otherwise a conflict exits 78
+  CRON_RUNNER_PAUSE_ON_FAILURES  pause the task everywhere after this many consecutive failures
+                                 (default 0: never); `cron-runner resume TASK` ends the pause
   CRON_RUNNER_SHUTDOWN_GRACE     after SIGTERM, wait this long before killing the task (default 25s)
   CRON_RUNNER_TASK_MODULES       modules to import so their @task functions register
   CRON_RUNNER_HOLDER, _SCOPE     holder id (default host:pid) and key scope (default 'default')
@@ -87,9 +90,10 @@ SETTING_FLAGS = {
     "LOG_FORMAT": "json or text",
     "LOG_LEVEL": "debug, info, warning or error",
     "MODE": "run (run the task here) or enqueue (send one message per slot to the workers)",
+    "PAUSE_ON_FAILURES": "pause the task everywhere after N consecutive failures (0: never)",
 }
 RUN_FLAGS = ("LEASE_TTL", "CONNECT_TIMEOUT", "SCHEDULE", "TIMEZONE", "SKEW_TOLERANCE",
-             "SHUTDOWN_GRACE", "HOLDER")  # fmt: skip
+             "SHUTDOWN_GRACE", "HOLDER", "PAUSE_ON_FAILURES")  # fmt: skip
 COMMON_FLAGS = ("REDIS_URL", "SCOPE", "LOG_FORMAT", "LOG_LEVEL")
 
 
@@ -252,16 +256,29 @@ def cmd_import(args: argparse.Namespace, settings: Settings) -> int:
 def cmd_run(args: argparse.Namespace, settings: Settings) -> int:
     from runner.keys import validate_name  # noqa: PLC0415
     from runner.run.targets import PythonTarget  # noqa: PLC0415
-    from runner.tasks import Registry  # noqa: PLC0415
+    from runner.tasks import Registry, run_options  # noqa: PLC0415
 
     spec = Registry.discover(settings.run.task_modules).resolve(args.task)
     name = args.name or spec.name
     validate_name("--name", name)
+    settings = with_task_options(settings, run_options(spec.fn))
     if settings.run.mode == "enqueue":
         from runner.cli.queue import enqueue_target  # noqa: PLC0415 - queue mode only
 
         return _execute(settings, name, enqueue_target(settings, spec), f"enqueue {spec.name}")
     return _execute(settings, name, PythonTarget(spec.fn), f"run {spec.name}")
+
+
+def with_task_options(settings: Settings, options: RunOptions) -> Settings:
+    """The task's own ``@task`` run options, where no flag or variable set them."""
+    lease = settings.lease
+    return settings._replace(
+        lease=lease._replace(
+            pause_on_failures=lease.pause_on_failures
+            if lease.pause_on_failures is not None
+            else options.pause_on_failures,
+        )
+    )
 
 
 def cmd_exec(args: argparse.Namespace, settings: Settings) -> int:

@@ -108,6 +108,7 @@ class Execution:
             definition=definition_of(settings, what),
             redefine=settings.lease.redefine,
             runs_maxlen=settings.lease.history_length,
+            pause_after_failures=settings.lease.failures_before_pause,
         )
         self.log: RunLogger = run_logger(task_name, settings.lease.holder)
         self.policy = Policy(settings, self.log)
@@ -370,7 +371,7 @@ class Execution:
             return RunResult.of(TERMINATED, f"stopped by {self.shutdown.name}")
         if code != 0:
             with self.observer.phase("release"):
-                self._release(FAILED, code, error)
+                self._release(FAILED, code, error, failure=True)
             return RunResult(FAILED, code, reason=error)
         return self._complete(self.target.outcome)
 
@@ -424,12 +425,16 @@ class Execution:
         deadline = clock.monotonic() + self.settings.redis.connect_timeout_s
         return with_deadline(call, deadline_s=deadline, what="finish", where=self.where)
 
-    def _release(self, outcome: str, code: int, error: str | None) -> None:
+    def _release(
+        self, outcome: str, code: int, error: str | None, *, failure: bool = False
+    ) -> None:
         try:
             self._finished(
                 self._store(
                     lambda: self.lease.release(
-                        self._record(outcome, code, error), self._state(outcome, code)
+                        self._record(outcome, code, error),
+                        self._state(outcome, code),
+                        failure=failure,
                     )
                 )
             )
@@ -476,6 +481,12 @@ class Execution:
             self.log.warning(f"could not record the run: {exc}", extra={"event": "record_failed"})
 
     def _finished(self, finished: Finished) -> None:
+        if finished.paused:
+            self.log.warning(
+                f"paused the task after {self.lease.pause_after_failures} consecutive failures: "
+                "no slot runs until `cron-runner resume`",
+                extra={"event": "paused"},
+            )
         if finished.stale_state:
             self.log.warning(
                 "the task's state was left as it is: a newer holder (a higher fence) wrote it",
