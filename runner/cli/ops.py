@@ -223,8 +223,9 @@ def add_commands(sub: Any, add_flags: AddFlags) -> None:
         "the task's max runtime, else 0. Each run leaves a heartbeat (--heartbeat-ttl). "
         "A task becomes known when it first runs, or when --expect names it: then it is "
         "overdue once a slot after that first expectation is missed, so a CronJob that never "
-        "fires is caught too (the chart passes every task). A task removed for good stays "
-        "known until `cron-runner forget TASK --force`.",
+        "fires is caught too (the chart passes every task). A paused task (`cron-runner "
+        "pause`) is not overdue, and the slots its pause skipped are never missed. A task "
+        "removed for good stays known until `cron-runner forget TASK --force`.",
     )
     p.add_argument("--tolerance", type=_duration, default=DEFAULT_TOLERANCE, help=TOLERANCE_HELP)
     p.add_argument(
@@ -461,6 +462,14 @@ def cmd_forget(args: argparse.Namespace, settings: Settings) -> int:
         if token is not None:
             held_by = report.printable(holder_of(token))
             _write(f"not forgotten: {args.task} is running now (held by {held_by})\n")
+            return 1
+        # The pause lives in the meta hash, which forget keeps: it would go on stopping every
+        # run of the name with nothing left in `status` to show why.
+        paused_by = client.hmget(reader.keys(args.task).meta, "paused", "paused_by")
+        if paused_by[0] == "1":
+            _write(f"not forgotten: {args.task} is paused (by "
+                   f"{report.printable(paused_by[1] or '?')}); `cron-runner resume "
+                   f"{args.task}` first\n")  # fmt: skip
             return 1
         deleted = reader.forget(args.task)
     log.warning(

@@ -27,7 +27,7 @@ TIME_FORM = (
     "expected ISO 8601 with Z or an offset (2026-01-02T06:00:00Z, 2026-01-02T07:00:00+01:00) "
     "or epoch seconds (1767333600)"
 )
-_EPOCH_RE = re.compile(r"[0-9]{1,11}(?:\.[0-9]{1,6})?\Z", re.ASCII)
+_EPOCH_RE = re.compile(r"[0-9]{1,12}(?:\.[0-9]{1,6})?\Z", re.ASCII)
 _LAST_S = 253_402_300_799  # 9999-12-31T23:59:59Z: past it no time can be shown
 
 

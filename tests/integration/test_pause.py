@@ -158,6 +158,19 @@ def test_pausing_twice_updates_the_note_and_end_and_resuming_twice_is_harmless(
     assert [e["outcome"] for e in runs(r, "twice")] == ["ran", "pause", "pause", "resume"]
 
 
+def test_forget_refuses_a_paused_task(redis_server: RedisServer, r: redis.Redis) -> None:
+    env = runner_env(redis_server.url)
+    assert run(["exec", "--name", "gone", "--", "true"], env).returncode == 0
+    assert run(["pause", "gone", "--note", "retired"], env).returncode == 0
+    refused = run(["forget", "gone", "--force"], env)
+    assert refused.returncode == 1
+    assert "not forgotten: gone is paused" in refused.stdout
+    assert "`cron-runner resume gone` first" in refused.stdout
+    assert r.exists(keys("gone").state)
+    assert run(["resume", "gone"], env).returncode == 0
+    assert run(["forget", "gone", "--force"], env).returncode == 0
+
+
 # -- a pause with an end -----------------------------------------------------------------------
 
 
