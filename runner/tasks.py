@@ -58,6 +58,7 @@ class RunOptions(NamedTuple):
 
     overlap: str | None = None
     overlap_wait_s: float | None = None
+    pause_on_failures: int | None = None
 
 
 class CatchupOptions(NamedTuple):
@@ -91,6 +92,7 @@ def task(
     catchup: str | None = None,
     catchup_window: Duration | None = None,
     rate_limit: str | None = None,
+    pause_on_failures: int | None = None,
 ) -> Callable[[TaskFn], TaskFn]:
     """Register ``fn(ctx: RunContext) -> None`` under ``name``.
 
@@ -108,6 +110,10 @@ def task(
     ``catchup`` (none, latest, all) and ``catchup_window``: what a run does with earlier slots
     of its schedule that never ran, within the window (docs/design.md, Catch-up, trigger and
     backfill); CRON_RUNNER_CATCHUP and CRON_RUNNER_CATCHUP_WINDOW (or --catchup, --catchup-window) win.
+
+    ``pause_on_failures``: pause the task everywhere after this many consecutive failures
+    (0: never; docs/design.md, Pause); CRON_RUNNER_PAUSE_ON_FAILURES (or --pause-on-failures)
+    wins over it.
     """
     validate_name("task name", name)
     if queue is not None and not QUEUE_NAME_RE.match(queue):
@@ -134,8 +140,19 @@ def task(
         raise ConfigError(
             f"task {name!r}: overlap={overlap!r} is not valid: expected one of {', '.join(OVERLAPS)}"
         )
-    run = RunOptions(overlap, _seconds(f"task {name!r}: overlap_wait", overlap_wait))
     catching_up = _catchup_options(name, catchup, catchup_window)
+    if pause_on_failures is not None and (
+        isinstance(pause_on_failures, bool)
+        or not isinstance(pause_on_failures, int)
+        or pause_on_failures < 0
+    ):
+        raise ConfigError(
+            f"task {name!r}: pause_on_failures={pause_on_failures!r} is not valid: expected how "
+            "many consecutive failures pause the task, a whole number, or 0 for never"
+        )
+    run = RunOptions(
+        overlap, _seconds(f"task {name!r}: overlap_wait", overlap_wait), pause_on_failures
+    )
 
     def mark(fn: TaskFn) -> TaskFn:
         setattr(fn, _MARK, name)

@@ -67,6 +67,8 @@ ENVIRONMENT = """environment (flags win over variables):
                                  this still runs its own slot
   CRON_RUNNER_REDEFINE           true: replace the task's stored definition (schedule, zone,
                                  command) with this one, on purpose; otherwise a conflict exits 78
+  CRON_RUNNER_PAUSE_ON_FAILURES  pause the task everywhere after this many consecutive failures
+                                 (default 0: never); `cron-runner resume TASK` ends the pause
   CRON_RUNNER_SHUTDOWN_GRACE     after SIGTERM, wait this long before killing the task (default 25s)
   CRON_RUNNER_TASK_MODULES       modules to import so their @task functions register
   CRON_RUNNER_HOLDER, _SCOPE     holder id (default host:pid) and key scope (default 'default')
@@ -102,10 +104,11 @@ SETTING_FLAGS = {
     "OVERLAP_WAIT": "how long buffer-one and replace wait for the holder",
     "CATCHUP": "earlier slots within the window that never ran: none, latest or all",
     "CATCHUP_WINDOW": "how far back to look for slots that never ran, e.g. 3h",
+    "PAUSE_ON_FAILURES": "pause the task everywhere after N consecutive failures (0: never)",
 }
 RUN_FLAGS = ("LEASE_TTL", "CONNECT_TIMEOUT", "SCHEDULE", "TIMEZONE", "SKEW_TOLERANCE",
              "SHUTDOWN_GRACE", "HOLDER", "OVERLAP", "OVERLAP_WAIT", "CATCHUP",
-             "CATCHUP_WINDOW")  # fmt: skip
+             "CATCHUP_WINDOW", "PAUSE_ON_FAILURES")  # fmt: skip
 COMMON_FLAGS = ("REDIS_URL", "SCOPE", "LOG_FORMAT", "LOG_LEVEL")
 
 
@@ -295,6 +298,9 @@ def with_task_options(settings: Settings, options: RunOptions) -> Settings:
             overlap_wait_s=lease.overlap_wait_s
             if lease.overlap_wait_s is not None
             else options.overlap_wait_s,
+            pause_on_failures=lease.pause_on_failures
+            if lease.pause_on_failures is not None
+            else options.pause_on_failures,
         )
     )
 

@@ -1,4 +1,5 @@
-"""Operations subcommands: status, history, unlock, forget, redefine, watchdog and check.
+"""Operations subcommands: status, history, unlock, forget, redefine, watchdog, ack and check
+(pause and resume: runner.cli.pause).
 
 Only the parsers live here: every run of ``cron-runner`` builds them, so each handler imports
 what it needs (state.py reads Redis, report.py renders, check.py checks).
@@ -222,8 +223,9 @@ def add_commands(sub: Any, add_flags: AddFlags) -> None:
         "the task's max runtime, else 0. Each run leaves a heartbeat (--heartbeat-ttl). "
         "A task becomes known when it first runs, or when --expect names it: then it is "
         "overdue once a slot after that first expectation is missed, so a CronJob that never "
-        "fires is caught too (the chart passes every task). A task removed for good stays "
-        "known until `cron-runner forget TASK --force`.",
+        "fires is caught too (the chart passes every task). A paused task (`cron-runner "
+        "pause`) is not overdue, and the slots its pause skipped are never missed. A task "
+        "removed for good stays known until `cron-runner forget TASK --force`.",
     )
     p.add_argument("--tolerance", type=_duration, default=DEFAULT_TOLERANCE, help=TOLERANCE_HELP)
     p.add_argument(
@@ -277,6 +279,10 @@ def add_commands(sub: Any, add_flags: AddFlags) -> None:
     p.add_argument("--tolerance", type=_duration, default=DEFAULT_TOLERANCE, help=TOLERANCE_HELP)
     add_flags(p, ("CONNECT_TIMEOUT",))
     p.set_defaults(handler=cmd_ack)
+
+    from runner.cli import pause  # noqa: PLC0415 - pause and resume live in a module of their own
+
+    pause.add_commands(sub, add_flags)
 
 
 @contextmanager
@@ -358,6 +364,8 @@ def cmd_status(args: argparse.Namespace, settings: Settings) -> int:
         for s in statuses:
             if s.over_max_runtime:
                 _write(f"OVER MAX RUNTIME  {report.over_runtime_text(s)}\n")
+            if s.paused is not None:
+                _write(f"PAUSED  {report.paused_text(s)}\n")
     else:
         _write(f"no tasks in scope {lease.scope!r} (key prefix {lease.prefix!r}) have run yet\n")
     if queues:
@@ -455,6 +463,14 @@ def cmd_forget(args: argparse.Namespace, settings: Settings) -> int:
             held_by = report.printable(holder_of(token))
             _write(f"not forgotten: {args.task} is running now (held by {held_by})\n")
             return 1
+        # The pause lives in the meta hash, which forget keeps: it would go on stopping every
+        # run of the name with nothing left in `status` to show why.
+        paused_by = client.hmget(reader.keys(args.task).meta, "paused", "paused_by")
+        if paused_by[0] == "1":
+            _write(f"not forgotten: {args.task} is paused (by "
+                   f"{report.printable(paused_by[1] or '?')}); `cron-runner resume "
+                   f"{args.task}` first\n")  # fmt: skip
+            return 1
         deleted = reader.forget(args.task)
     log.warning(
         f"forgot {args.task}: deleted its state and history",
@@ -532,54 +548,15 @@ def cmd_watchdog(args: argparse.Namespace, settings: Settings) -> int:
             f"over max runtime: {report.over_runtime_text(s)}",
             extra={"event": "over_max_runtime", "task": s.task},
         )
+    for s in statuses:
+        if s.paused is not None:
+            log.info(f"paused, not overdue while paused: {report.paused_text(s)}",
+                     extra={"event": "paused", "task": s.task})  # fmt: skip
     if args.output == "json":
-        _write(
-            report.dumps(
-                {
-                    "scope": lease.scope,
-                    "now": report.iso(now_s),
-                    "tolerance_s": args.tolerance,
-                    "checked": len(statuses) - len(unchecked),
-                    "overdue": [
-                        {
-                            "task": s.task,
-                            "schedule": s.schedule,
-                            "timezone": s.timezone,
-                            "last_success_at": report.iso(s.last_success.at)
-                            if s.last_success
-                            else None,
-                            "missed": report.missed_json(s.missed),
-                        }
-                        for s in overdue
-                    ],
-                    "over_max_runtime": [
-                        {
-                            "task": s.task,
-                            "holder": s.holder,
-                            "running_since": report.iso(s.running_since),
-                            "max_runtime_s": s.max_runtime_s,
-                        }
-                        for s in too_long
-                    ],
-                    "unchecked": unchecked,
-                }
-            )
-        )
+        _write(report.dumps(report.watchdog_json(statuses, scope=lease.scope, now_s=now_s,
+                                                 tolerance_s=args.tolerance)))  # fmt: skip
     else:
-        for s in overdue:
-            _write(f"OVERDUE  {report.missed_text(s)}\n")
-        for s in too_long:
-            _write(f"OVER MAX RUNTIME  {report.over_runtime_text(s)}\n")
-        summary = f"{len(statuses) - len(unchecked)} tasks checked, {len(overdue)} overdue"
-        if too_long:
-            summary += f", {len(too_long)} over their max runtime"
-        if unchecked:
-            summary += f"; no schedule recorded for: {', '.join(unchecked)}"
-        _write(f"{'FAIL' if overdue else 'ok'}  {summary} (scope {lease.scope!r})\n")
-        if overdue:
-            _write(
-                "(a task removed on purpose stays known until `cron-runner forget TASK --force`)\n"
-            )
+        _write(report.watchdog_text(statuses, scope=lease.scope))
     return 1 if overdue or too_long else 0
 
 

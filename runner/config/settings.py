@@ -110,6 +110,13 @@ class LeaseSettings(NamedTuple):
 
     # Runs kept in a task's history stream (about 100 bytes each: docs/operating.md, Sizing).
     history_length: int = 1000
+    # Pause the task after this many consecutive failures (0: never); None: not set here, so the
+    # task's @task(pause_on_failures=), or never (docs/design.md, Pause).
+    pause_on_failures: int | None = None
+
+    @property
+    def failures_before_pause(self) -> int:
+        return self.pause_on_failures or 0
 
     @property
     def ttl_ms(self) -> int:
@@ -495,7 +502,24 @@ def _lease(src: Source) -> LeaseSettings:
         overlap_wait_s=(
             src.duration("OVERLAP_WAIT", 0.0) if src.get("OVERLAP_WAIT")[0] is not None else None
         ),
+        pause_on_failures=_pause_on_failures(src),
     )
+
+
+#: More failures in a row than anyone would wait for before looking: a typo, most likely.
+MAX_PAUSE_ON_FAILURES = 10_000
+
+
+def _pause_on_failures(src: Source) -> int | None:
+    value, origin = src.get("PAUSE_ON_FAILURES")
+    if value is None:
+        return None
+    if not whole_number(value) or int(value) > MAX_PAUSE_ON_FAILURES:
+        raise ConfigError(
+            f"{origin}={value[:40]!r} is not valid: expected how many consecutive failures pause "
+            f"the task, a whole number from 1 to {MAX_PAUSE_ON_FAILURES}, or 0 for never"
+        )
+    return int(value)
 
 
 def _slots(src: Source) -> SlotSettings:

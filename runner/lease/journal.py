@@ -10,9 +10,10 @@ Two records, both written in the finish script that releases or completes the le
 
 Writers: a run (runner.run.execution, through its ``Lease``), a queue worker for each job
 (runner.queue.actors: through the task's ``Lease`` for a job of a slot, through
-``record_unleased`` for a Producer's), the admin commands (``unlock`` and
-``ack`` add a record; the watchdog adds ``expected_since``, ``ledger_until`` and
-``max_runtime_ms``). Readers: ``status``, ``history``, ``serve`` and the watchdog
+``record_unleased`` for a Producer's), the admin commands (``unlock``, ``ack``, ``pause`` and
+``resume`` add a record; the watchdog adds ``expected_since``, ``ledger_until`` and
+``max_runtime_ms``; ``pause`` and ``resume`` the pause's window). Readers: ``status``,
+``history``, ``serve`` and the watchdog
 (runner.ops.state). Every name and value here is read by the previous release too: change
 none, only add.
 
@@ -60,6 +61,8 @@ TRIGGER = "trigger"  # `cron-runner trigger`'s run (no slot): the holder that ra
 BACKFILL = "backfill"  # a slot `cron-runner backfill` ran: the holder that ran it
 ERROR = "error"  # only when there is one, cut to ERROR_MAX_CHARS
 UNLOCKED = "unlocked"  # an unlock's record: the token it removed (the UNLOCK script writes it)
+NOTE = "note"  # a pause's or resume's record: the pause's note (runner.ops.pause)
+PAUSED_UNTIL = "paused_until"  # a pause's record: when it ends by itself, '' until resumed
 ERROR_MAX_CHARS = 500
 
 # -- the state hash ---------------------------------------------------------------------------
@@ -79,6 +82,10 @@ EXPECTED_SINCE = "expected_since"
 LEDGER_UNTIL = "ledger_until"
 #: '1' once the task is in its scope's index (Lease.index).
 INDEXED = "indexed"
+#: The last pause's window (epoch seconds; PAUSED_TO '' while it lasts with no end): its slots
+#: are not missed (runner.ops.pause).
+PAUSED_FROM = "paused_from"
+PAUSED_TO = "paused_to"
 
 # Three summaries, each three fields: ``<summary>_at``, ``<summary>_duration_ms`` and, for a
 # run with a slot, ``<summary>_slot``.
@@ -199,7 +206,9 @@ def _text(value: Any) -> str:
 
 
 # The finish script's record mode, as Lease.record calls it: an empty token (no owner check,
-# the lease untouched), no slot marker; the retention is only read with a marker.
+# the lease untouched), no slot marker; the retention is only read with a marker. The flags
+# after the fence (keep the lease, a marker key given, the task's lease given, the failure
+# count, pause after N, who pauses, the minimum while paused) are all off.
 _RECORD_TOKEN = ""
 _RECORD_RETENTION_MS = 3_600_000
 _UNFENCED = ""

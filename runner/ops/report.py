@@ -11,6 +11,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
+from runner.ops.pause import PAUSE, RESUME, Pause
 from runner.ops.state import Heartbeat, Missed, Result, RunRecord, TaskStatus
 
 
@@ -80,6 +81,12 @@ def missed_json(missed: Missed | None) -> dict[str, Any] | None:
     }
 
 
+def pause_json(p: Pause | None) -> dict[str, Any] | None:
+    if p is None:
+        return None
+    return {"by": p.by, "since": iso(p.at), "until": iso(p.until), "note": p.note}
+
+
 def status_json(s: TaskStatus) -> dict[str, Any]:
     return {
         "task": s.task,
@@ -100,6 +107,7 @@ def status_json(s: TaskStatus) -> dict[str, Any]:
         "running_since": iso(s.running_since),
         "max_runtime_s": s.max_runtime_s,
         "over_max_runtime": s.over_max_runtime,
+        "paused": pause_json(s.paused),
     }
 
 
@@ -126,6 +134,18 @@ def over_runtime_text(s: TaskStatus) -> str:
     return f"{s.task}: held by {s.holder} since {iso(s.running_since)} ({ran}, max {limit})"
 
 
+def pause_text(p: Pause) -> str:
+    """'by H since T until U: note', as status, the watchdog and the pause itself say it."""
+    until = f"until {iso(p.until)}" if p.until is not None else "until resumed"
+    note = f": {p.note}" if p.note else ""
+    return printable(f"by {p.by or '?'} since {iso(p.at) or '?'} {until}{note}")
+
+
+def paused_text(s: TaskStatus) -> str:
+    assert s.paused is not None
+    return f"{s.task}: {pause_text(s.paused)} (`cron-runner resume {s.task}` resumes it)"
+
+
 def _when(result: Result | None, *, with_outcome: bool = False) -> str:
     if result is None:
         return "never"
@@ -138,6 +158,9 @@ def _when(result: Result | None, *, with_outcome: bool = False) -> str:
 
 
 def overdue_text(s: TaskStatus) -> str:
+    if s.paused is not None:
+        missed = s.missed.total if s.missed else 0
+        return f"no (paused; {missed} missed before)" if missed else "no (paused)"
     if s.schedule_error:
         return "unknown: bad schedule"
     if s.missed is None:
@@ -190,24 +213,34 @@ def record_json(r: RunRecord) -> dict[str, Any]:
         "duration_ms": r.duration_ms,
         "error": r.error,
         "unlocked": r.unlocked,
+        "note": r.note,
+        "paused_until": iso(r.paused_until),
     }
+
+
+def _note_text(r: RunRecord) -> str:
+    """What the last column shows: the error, or a pause's end and note, or a resume's note."""
+    if r.outcome == PAUSE:
+        until = f"until {iso(r.paused_until)}" if r.paused_until is not None else "until resumed"
+        return until + (f": {r.note}" if r.note else "")
+    return r.error or r.note or ""
 
 
 def history_table(records: Sequence[RunRecord]) -> str:
     rows = [
         [
             iso(r.started_at) or "-",
-            iso(r.slot) or "manual",
+            iso(r.slot) or ("-" if r.outcome in (PAUSE, RESUME) else "manual"),
             r.holder or "-",
             "-" if r.fence is None else str(r.fence),
             r.outcome or "-" if not r.unlocked else f"unlocked {r.unlocked}",
             "-" if r.exit_code is None else str(r.exit_code),
             human_duration(r.duration_ms),
-            (r.error or "")[:80],
+            _note_text(r)[:80],
         ]
         for r in records
     ]
-    headers = ["STARTED", "SLOT", "HOLDER", "FENCE", "OUTCOME", "EXIT", "DURATION", "ERROR"]
+    headers = ["STARTED", "SLOT", "HOLDER", "FENCE", "OUTCOME", "EXIT", "DURATION", "ERROR/NOTE"]
     return table(headers, rows)
 
 
@@ -224,3 +257,66 @@ def missed_text(s: TaskStatus) -> str:
         f"{s.task} ({s.schedule} {s.timezone}): last success {last}; "
         f"missed {m.total}{'+' if m.more else ''}: {listed}{more}"
     )
+
+
+def watchdog_json(
+    statuses: Sequence[TaskStatus], *, scope: str, now_s: float, tolerance_s: float
+) -> dict[str, Any]:
+    unchecked = [s.task for s in statuses if s.overdue is None]
+    return {
+        "scope": scope,
+        "now": iso(now_s),
+        "tolerance_s": tolerance_s,
+        "checked": len(statuses) - len(unchecked),
+        "overdue": [
+            {
+                "task": s.task,
+                "schedule": s.schedule,
+                "timezone": s.timezone,
+                "last_success_at": iso(s.last_success.at) if s.last_success else None,
+                "missed": missed_json(s.missed),
+            }
+            for s in statuses
+            if s.overdue
+        ],
+        "over_max_runtime": [
+            {
+                "task": s.task,
+                "holder": s.holder,
+                "running_since": iso(s.running_since),
+                "max_runtime_s": s.max_runtime_s,
+            }
+            for s in statuses
+            if s.over_max_runtime
+        ],
+        "unchecked": unchecked,
+        # Not overdue while paused: what they missed before is reported again once resumed.
+        "paused": [
+            {"task": s.task, **(pause_json(s.paused) or {})}
+            for s in statuses
+            if s.paused is not None
+        ],
+    }
+
+
+def watchdog_text(statuses: Sequence[TaskStatus], *, scope: str) -> str:
+    overdue = [s for s in statuses if s.overdue]
+    too_long = [s for s in statuses if s.over_max_runtime]
+    paused = [s for s in statuses if s.paused is not None]
+    unchecked = [s.task for s in statuses if s.overdue is None]
+    lines = [f"OVERDUE  {missed_text(s)}\n" for s in overdue]
+    lines += [f"OVER MAX RUNTIME  {over_runtime_text(s)}\n" for s in too_long]
+    lines += [f"PAUSED  {paused_text(s)}\n" for s in paused]
+    summary = f"{len(statuses) - len(unchecked)} tasks checked, {len(overdue)} overdue"
+    if too_long:
+        summary += f", {len(too_long)} over their max runtime"
+    if paused:
+        summary += f", {len(paused)} paused (not overdue while paused)"
+    if unchecked:
+        summary += f"; no schedule recorded for: {', '.join(unchecked)}"
+    lines.append(f"{'FAIL' if overdue else 'ok'}  {summary} (scope {scope!r})\n")
+    if overdue:
+        lines.append(
+            "(a task removed on purpose stays known until `cron-runner forget TASK --force`)\n"
+        )
+    return "".join(lines)

@@ -3,7 +3,8 @@
 The state hash and the run records follow one schema, runner.lease.journal, whose names are
 read here; the schedule in the state is what ``status`` and the watchdog judge a task by. A
 CronJob pod's run stores it too: the chart sets ``CRON_RUNNER_SCHEDULE`` beside the Job name.
-The watchdog's own writes (the ledger, ``expected_since``, ``max_runtime_ms``) live here.
+The watchdog's own writes (the ledger, ``expected_since``, ``max_runtime_ms``) live here. A
+paused task (runner.ops.pause) is not overdue, and the slots its pause skipped are not missed.
 """
 
 from __future__ import annotations
@@ -22,7 +23,8 @@ from runner.errors import ConfigError
 from runner.keys import NAME_RE, TaskKeys, scope_index
 from runner.lease import journal
 from runner.lease.scripts import holder_of, started_at_of
-from runner.outcomes import FAILED, RAN
+from runner.ops.pause import PAUSE, PAUSE_FIELDS, RESUME, Pause, pause_of, pause_window
+from runner.outcomes import FAILED, PAUSED, RAN
 from runner.schedule import slots
 
 log = logging.getLogger("runner.ops")
@@ -31,6 +33,8 @@ log = logging.getLogger("runner.ops")
 MISSED_LISTED = 10
 #: Fire times one watchdog run judges per task at most; older ones are left to the listing.
 LEDGER_SCAN_LIMIT = 1000
+#: Records in the run stream that are an operator's act, not a run.
+ADMIN_OUTCOMES = frozenset({"acknowledged", PAUSE, RESUME})
 
 
 @dataclass(frozen=True)
@@ -81,10 +85,15 @@ class TaskStatus:
     running_since: float | None = None  # when the lease now held was taken (newer tokens)
     max_runtime_s: float | None = None
     now_s: float = 0.0
+    paused: Pause | None = None  # the pause in force (runner.ops.pause)
 
     @property
     def overdue(self) -> bool | None:
-        return None if self.missed is None else bool(self.missed.slots)
+        """A paused task is not overdue: what it missed before the pause stays listed, and is
+        reported again once it is resumed."""
+        if self.missed is None:
+            return None
+        return bool(self.missed.slots) and self.paused is None
 
     @property
     def known(self) -> bool:
@@ -94,6 +103,7 @@ class TaskStatus:
         return self.holder is not None or self.schedule is not None or (
             self.last_run_at is not None or self.last_slot is not None
             or self.last_success is not None or self.last_failure is not None
+            or self.paused is not None
         )  # fmt: skip
 
     @property
@@ -116,6 +126,13 @@ class RunRecord:
     duration_ms: int | None
     error: str | None
     unlocked: str | None  # for an unlock: the holder whose lease was removed
+    note: str | None = None  # for a pause or a resume: the pause's note
+    paused_until: float | None = None  # for a pause: when it ends by itself
+
+    @property
+    def admin(self) -> bool:
+        """An operator's act (unlock, ack, pause, resume), not a run."""
+        return self.unlocked is not None or self.outcome in ADMIN_OUTCOMES
 
 
 def _int(value: Any) -> int | None:
@@ -155,17 +172,22 @@ def missed_slots(
     covered_until_s: float,
     held: bool = False,
     limit: int = MISSED_LISTED,
+    paused: tuple[float, float] | None = None,
 ) -> Missed:
     """Fire times in ``(covered_until_s, now_s - tolerance_s]``: scheduled, never succeeded.
 
     ``covered_until_s`` is the last successful slot (a success covers its own slot and every
-    one before it). With the lease held, the latest missed slot is counted as running.
+    one before it). With the lease held, the latest missed slot is counted as running. Fire
+    times within ``paused`` (from, to) were skipped on purpose: not missed.
     """
     due = schedule.previous_at_or_before(now_s - tolerance_s)
     found: list[int] = []
     more = False
     t = covered_until_s
     while (fire := schedule.next_after(t)) <= due:
+        if paused is not None and paused[0] <= fire <= paused[1]:
+            t = max(fire, paused[1])
+            continue
         if len(found) == limit:
             more = True
             break
@@ -233,8 +255,17 @@ def _slots_of(reply: Any) -> list[int]:
     return [] if isinstance(reply, Exception) else [int(float(m)) for m in reply]
 
 
-def _true(reply: Any) -> bool:
-    return not isinstance(reply, Exception) and bool(reply)
+#: What the ledger reads of a slot marker: a holder (the slot ran, or was enqueued) and
+#: ``skipped`` (protocol 3: why the slot did not run; a skip counter alone is not a run).
+MARKER_FIELDS = ("holder", "skipped")
+
+
+def _marked(reply: Any) -> tuple[bool, bool]:
+    """(ran, skipped because the task was paused) from a marker's MARKER_FIELDS."""
+    if isinstance(reply, Exception) or not reply:
+        return False, False
+    holder, skipped = reply
+    return holder is not None, skipped == PAUSED
 
 
 def heartbeat_of(raw: str | None) -> Heartbeat | None:
@@ -265,6 +296,8 @@ def record_of(entry_id: str, fields: dict[str, str]) -> RunRecord:
         duration_ms=_int(fields.get(journal.DURATION_MS)),
         error=fields.get(journal.ERROR) or None,
         unlocked=holder_of(fields[journal.UNLOCKED]) if fields.get(journal.UNLOCKED) else None,
+        note=fields.get(journal.NOTE),
+        paused_until=_float(fields.get(journal.PAUSED_UNTIL)),
     )
 
 
@@ -339,7 +372,7 @@ class Reader:
     def statuses(self, tasks: list[str], *, now_s: float, tolerance_s: float) -> list[TaskStatus]:
         """Every task's status in two pipelined round trips, however many tasks there are:
         `serve` reads a thousand tasks per scrape this way."""
-        per_task = 6
+        per_task = 7
         pipe = self.client.pipeline(transaction=False)
         for task in tasks:
             keys = self.keys(task)
@@ -349,11 +382,13 @@ class Reader:
             pipe.hgetall(keys.state)
             pipe.xrange(keys.runs, count=1)
             pipe.zrange(keys.missed, 0, -1)
+            pipe.hmget(keys.meta, *PAUSE_FIELDS)
         replies = pipe.execute(raise_on_error=False) if tasks else []
         for i, reply in enumerate(replies):
-            # An ACL from before the ledger lacks +zrange: misses are then judged as before.
+            # An ACL from before the ledger lacks +zrange: misses are then judged as before. The
+            # pause fields need +hmget, which every run has: without it, none is shown.
             if isinstance(reply, Exception) and not (
-                i % per_task == 5 and isinstance(reply, NoPermissionError)
+                i % per_task in (5, 6) and isinstance(reply, NoPermissionError)
             ):
                 raise reply
         ledgers = [_slots_of(replies[i * per_task + 5]) for i in range(len(tasks))]
@@ -373,21 +408,22 @@ class Reader:
         pipe = self.client.pipeline(transaction=False)
         for task, ledger in zip(tasks, ledgers, strict=True):
             for slot in ledger:
-                pipe.hget(self.keys(task).slot(slot), "holder")
+                pipe.hmget(self.keys(task).slot(slot), *MARKER_FIELDS)
         found = iter(pipe.execute(raise_on_error=False))
-        # Without +exists (an ACL from before the ledger) a slot's marker cannot be looked at:
-        # it counts as not run, so the ledger keeps reporting it until acknowledged.
-        return [{slot for slot in ledger if _true(next(found))} for ledger in ledgers]
+        # A marker that cannot be read counts as not run, so the ledger keeps reporting its
+        # slot until acknowledged.
+        return [{slot for slot in ledger if _marked(next(found))[0]} for ledger in ledgers]
 
     @staticmethod
     def _build(
         task: str, read: list[Any], ledger: tuple[int, ...], *, now_s: float, tolerance_s: float
     ) -> TaskStatus:
         """One task's status from its pipelined replies: lease, its PTTL, fence, state hash,
-        oldest run record, ledger."""
-        token, pttl_ms, fence, state, oldest, _ = read
+        oldest run record, ledger, the meta hash's pause fields."""
+        token, pttl_ms, fence, state, oldest, _, pause_fields = read
         state = dict(state or {})
         held = token is not None
+        paused = None if isinstance(pause_fields, Exception) else pause_of(pause_fields, now_s)
         schedule_expr = state.get(journal.SCHEDULE) or None
         timezone = state.get(journal.TIMEZONE) or ("UTC" if schedule_expr else None)
         last_success = _result(state, journal.LAST_SUCCESS)
@@ -418,6 +454,7 @@ class Reader:
                         tolerance_s=tolerance_s,
                         covered_until_s=max(covered, judged or covered),
                         held=held,
+                        paused=pause_window(paused, state, now_s),
                     )
                     missed = _merge(ledger, tail)
             except ConfigError as exc:
@@ -442,6 +479,7 @@ class Reader:
             running_since=started_at_of(token) if token is not None else None,
             max_runtime_s=max_runtime_ms / 1000 if max_runtime_ms else None,
             now_s=now_s,
+            paused=paused,
         )
 
     # -- the missed-slot ledger (written by the watchdog and `ack`, read by everyone) ------
@@ -463,12 +501,13 @@ class Reader:
     def judge_ledger(self, task: str, *, now_s: float, tolerance_s: float) -> list[int]:
         """Judge the fire times since the last scan by their slot markers, and record those
         that passed with no run in the ledger, where they stay whatever later slots do, until
-        they run (their marker appears) or are acknowledged. Returns the slots added.
+        they run (their marker names a holder) or are acknowledged. Returns the slots added.
 
         A slot still within the lease of a run now going (the latest due one) is judged at the
         next scan. In queue mode a slot's marker means it was enqueued: the ledger judges the
         enqueue, and the listing after the worker's last success still catches a worker that
-        never ran it.
+        never ran it. A slot the task's pause skipped is not missed: within the last pause's
+        window (runner.ops.pause), or marked skipped as paused by the run that found it so.
         """
         keys = self.keys(task)
         pipe = self.client.pipeline(transaction=False)
@@ -476,8 +515,10 @@ class Reader:
         pipe.hgetall(keys.state)
         pipe.xrange(keys.runs, count=1)
         pipe.zrange(keys.missed, 0, -1)
-        token, state, oldest, ledger = pipe.execute()
+        pipe.hmget(keys.meta, *PAUSE_FIELDS)
+        token, state, oldest, ledger, pause_fields = pipe.execute()
         state = dict(state or {})
+        window = pause_window(pause_of(pause_fields, now_s), state, now_s)
         if not state.get(journal.SCHEDULE):
             return []
         try:
@@ -495,6 +536,9 @@ class Reader:
         fires: list[int] = []
         t = start
         while (fire := schedule.next_after(t)) <= due:
+            if window is not None and window[0] <= fire <= window[1]:
+                t = max(fire, window[1])
+                continue
             fires.append(fire)
             t = fire
         fires = fires[-LEDGER_SCAN_LIMIT:]
@@ -504,10 +548,11 @@ class Reader:
         resolved = [int(float(m)) for m in ledger]
         pipe = self.client.pipeline(transaction=False)
         for slot in (*fires, *resolved):
-            pipe.hget(keys.slot(slot), "holder")
-        marks = pipe.execute() if fires or resolved else []
-        new = [slot for slot, mark in zip(fires, marks, strict=False) if not mark]
-        ran = [slot for slot, mark in zip(resolved, marks[len(fires) :], strict=True) if mark]
+            pipe.hmget(keys.slot(slot), *MARKER_FIELDS)
+        marks = [_marked(m) for m in pipe.execute()] if fires or resolved else []
+        new = [slot for slot, (ran_, paused) in zip(fires, marks, strict=False)
+               if not ran_ and not paused]  # fmt: skip
+        ran = [slot for slot, (ran_, _) in zip(resolved, marks[len(fires) :], strict=True) if ran_]
         pipe = self.client.pipeline(transaction=False)
         if new:
             pipe.zadd(keys.missed, {str(slot): slot for slot in new}, nx=True)

@@ -142,6 +142,7 @@ class Execution:
             overlap=overlap,
             aux_ms=int(overlap_wait_s(settings) * 1000) if overlap == REPLACE else 0,
             skip_ttl_ms=int(skip_keep_s * 1000),
+            pause_after_failures=settings.lease.failures_before_pause,
         )
         self.log: RunLogger = run_logger(task_name, settings.lease.holder)
         self.policy = Policy(settings, self.log)

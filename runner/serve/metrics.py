@@ -34,8 +34,9 @@ METRICS: dict[str, tuple[str, str]] = {
     "cron_runner_task_next_slot_timestamp_seconds": ("gauge", "the next fire time"),
     "cron_runner_task_runs": (
         "counter",
-        "recorded runs by outcome, as seen by this process "
-        "(skips are not recorded in Redis: see OpenTelemetry's runs)",
+        "recorded runs by outcome, as seen by this process (a slot skipped because the task "
+        "was paused or another slot held the lease is recorded once; the skips of a slot that "
+        "ran elsewhere are not: see OpenTelemetry's runs)",
     ),
     "cron_runner_task_consecutive_failures": ("gauge", "failed runs since the last success"),
     "cron_runner_task_missed_slots": ("gauge", "missed slots reported (ledger and listing)"),
@@ -45,7 +46,12 @@ METRICS: dict[str, tuple[str, str]] = {
     "cron_runner_task_running_seconds": ("gauge", "how long the held lease has been held"),
     "cron_runner_task_max_runtime_seconds": ("gauge", "the task's max runtime, when set"),
     "cron_runner_task_over_max_runtime": ("gauge", "1 while a run holds the lease past it"),
-    "cron_runner_task_paused": ("gauge", "1 when the task is paused (always 0: no pause yet)"),
+    "cron_runner_task_paused": ("gauge", "1 while the task is paused (cron-runner pause)"),
+    "cron_runner_task_paused_since_timestamp_seconds": ("gauge", "when the pause in force began"),
+    "cron_runner_task_paused_until_timestamp_seconds": (
+        "gauge",
+        "when the pause in force ends by itself (none: until resumed)",
+    ),
     "cron_runner_task_run_duration_seconds": ("histogram", "run durations, as seen"),
     "cron_runner_queue_latency_seconds": ("histogram", "from enqueue to a worker's start"),
     "cron_runner_queue_depth": ("gauge", "messages waiting for a worker"),
@@ -93,6 +99,8 @@ class SnapshotCollector(Collector):
         max_runtime = _gauge("cron_runner_task_max_runtime_seconds", t)
         over = _gauge("cron_runner_task_over_max_runtime", t)
         paused = _gauge("cron_runner_task_paused", t)
+        paused_since = _gauge("cron_runner_task_paused_since_timestamp_seconds", t)
+        paused_until = _gauge("cron_runner_task_paused_until_timestamp_seconds", t)
         for s in snap.tasks:
             name = [s.task]
             if s.last_success:
@@ -118,10 +126,13 @@ class SnapshotCollector(Collector):
             if s.max_runtime_s is not None:
                 max_runtime.add_metric(name, s.max_runtime_s)
             over.add_metric(name, 1 if s.over_max_runtime else 0)
-            # No pause feature exists yet: the series is there for dashboards and alerts.
-            paused.add_metric(name, 0)
+            paused.add_metric(name, 0 if s.paused is None else 1)
+            if s.paused is not None and s.paused.at is not None:
+                paused_since.add_metric(name, s.paused.at)
+            if s.paused is not None and s.paused.until is not None:
+                paused_until.add_metric(name, s.paused.until)
         yield from (success, failure, duration, next_slot, streak, missed, overdue, held,
-                    holder, running, max_runtime, over, paused)  # fmt: skip
+                    holder, running, max_runtime, over, paused, paused_since, paused_until)  # fmt: skip
         yield from self._runs(snap)
         yield from self._queues(snap)
         yield from self._watchdog(snap)

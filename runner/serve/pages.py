@@ -17,6 +17,7 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 import jinja2
 
+from runner.ops.pause import PAUSE
 from runner.ops.report import human_duration
 from runner.ops.state import Result, RunRecord, TaskStatus
 from runner.serve.snapshot import FAILURES, Snapshot, TaskRuns, strip_of
@@ -64,6 +65,8 @@ def when(t_s: float | None, zone_name: str | None) -> When:
 def states(s: TaskStatus) -> list[tuple[str, str]]:
     """What a person reads first: (css class, label)."""
     out: list[tuple[str, str]] = []
+    if s.paused is not None:
+        out.append(("paused", f"paused by {s.paused.by or '?'}"))
     if s.holder is not None:
         out.append(("running", f"running on {s.holder}"))
     if s.over_max_runtime:
@@ -92,6 +95,15 @@ def _result(r: Result | None, zone: str | None) -> str:
     return text
 
 
+def _pause_view(s: TaskStatus) -> dict[str, Any] | None:
+    p = s.paused
+    if p is None:
+        return None
+    return {"by": p.by or "?", "since": when(p.at, s.timezone),
+            "until": when(p.until, s.timezone) if p.until is not None else None,
+            "note": p.note}  # fmt: skip
+
+
 def task_view(s: TaskStatus, runs: TaskRuns | None, now_s: float) -> dict[str, Any]:
     zone = s.timezone
     last = None
@@ -117,6 +129,7 @@ def task_view(s: TaskStatus, runs: TaskRuns | None, now_s: float) -> dict[str, A
         "last_failure": _result(s.last_failure, zone),
         "missed": [{"slot": m, **vars(when(m, zone))} for m in missed],
         "missed_more": bool(s.missed and s.missed.more),
+        "paused": _pause_view(s),
     }
 
 
@@ -129,8 +142,16 @@ def _record_view(r: RunRecord, zone: str | None) -> dict[str, Any]:
         "outcome": f"unlocked {r.unlocked}" if r.unlocked else (r.outcome or "-"),
         "exit_code": "-" if r.exit_code is None else r.exit_code,
         "duration": human_duration(r.duration_ms),
-        "error": (r.error or "")[:300],
+        "error": (r.error or _note(r))[:300],
     }
+
+
+def _note(r: RunRecord) -> str:
+    """A pause's end and note, or a resume's note, where a run's error would be."""
+    if r.outcome == PAUSE:
+        until = f"until {when(r.paused_until, None).utc}" if r.paused_until else "until resumed"
+        return until + (f": {r.note}" if r.note else "")
+    return r.note or ""
 
 
 def _common(snap: Snapshot, scope: str) -> dict[str, Any]:

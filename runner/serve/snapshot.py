@@ -67,8 +67,8 @@ class TaskRuns:
 
     def add(self, record: RunRecord) -> None:
         self.recent.append(record)
-        if record.unlocked or record.outcome == "acknowledged":
-            return  # an admin's unlock or acknowledgement, not a run
+        if record.admin:
+            return  # an admin's unlock, acknowledgement, pause or resume, not a run
         outcome = record.outcome or "unknown"
         self.outcomes[outcome] = self.outcomes.get(outcome, 0) + 1
         if outcome != "enqueued" and record.duration_ms is not None:
@@ -196,7 +196,7 @@ def strip_of(runs: TaskRuns | None, status: TaskStatus, limit: int = 20) -> list
     """The last runs and missed slots, oldest first: (kind, title) for the page's strip."""
     items: list[tuple[float, str, str]] = []
     for r in runs.recent if runs else ():
-        if r.unlocked or r.outcome == "acknowledged":
+        if r.admin:
             continue
         # By slot, so a backfill or a late run sits where its slot does among the missed ones.
         when = float(r.slot) if r.slot is not None else (r.started_at or 0.0)
@@ -211,7 +211,8 @@ def strip_of(runs: TaskRuns | None, status: TaskStatus, limit: int = 20) -> list
 
 def _kind(outcome: str | None) -> str:
     return {"ran": "ran", "enqueued": "ran", "lease_lost": "lost", "failed": "failed",
-            "terminated": "failed", "unavailable": "failed"}.get(outcome or "", "other")  # fmt: skip
+            "terminated": "failed", "unavailable": "failed",
+            "paused": "paused"}.get(outcome or "", "other")  # fmt: skip
 
 
 def _iso(t: float | None) -> str:

@@ -34,6 +34,8 @@ COMMANDS: dict[tuple[str, ...], tuple[str, ...]] = {
     ("unlock",): ("ok", "--force"),
     ("forget",): ("fuzzed", "--force"),
     ("watchdog",): (),
+    ("pause",): ("ok",),
+    ("resume",): ("ok",),
     ("dlq", "list"): ("ok",),
     ("dlq", "purge"): ("ok", "--all"),
 }

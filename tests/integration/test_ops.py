@@ -22,12 +22,12 @@ ISO_Z = r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ$"
 STATUS_KEYS = {
     "task", "lease", "fencing_token", "schedule", "timezone", "last_slot", "last_run",
     "last_success", "last_failure", "next_slot", "overdue", "missed", "schedule_error", "running_since", "max_runtime_s",
-    "over_max_runtime",
+    "over_max_runtime", "paused",
 }  # fmt: skip
 RESULT_KEYS = {"at", "slot", "duration_ms", "outcome", "exit_code"}
 RUN_KEYS = {
     "id", "started_at", "slot", "holder", "fencing_token", "outcome", "exit_code",
-    "duration_ms", "error", "unlocked",
+    "duration_ms", "error", "unlocked", "note", "paused_until",
 }  # fmt: skip
 
 

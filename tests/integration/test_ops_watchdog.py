@@ -47,6 +47,7 @@ def test_a_cronjob_that_stopped_running_is_overdue_with_its_missed_slots(
         "overdue",
         "over_max_runtime",
         "unchecked",
+        "paused",
     }
     assert (doc["checked"], doc["unchecked"], doc["tolerance_s"]) == (2, [], 600)
     (overdue,) = doc["overdue"]
@@ -116,7 +117,7 @@ def test_healthy_and_unknown_tasks_exit_0(redis_server: RedisServer, r: redis.Re
     assert code == 0
     assert {k: v for k, v in empty.items() if k != "now"} == {
         "scope": "default", "tolerance_s": 600, "checked": 0, "overdue": [], "unchecked": [],
-        "over_max_runtime": [],
+        "over_max_runtime": [], "paused": [],
     }  # fmt: skip
     env = runner_env(redis_server.url, CRON_RUNNER_SCHEDULE="*/5 * * * *")
     assert run(["exec", "--name", "fivemin", "--", "true"], env).returncode == 0

@@ -23,6 +23,8 @@ from tests.helpers.wait import clear_of_slot_edge, wait_for
 from tests.queue.helpers import TASK_MODULES, WorkerProc, queue_env
 
 HOSTILE_HOLDER = "<b>pod</b><script>alert(1)</script>"
+PAUSE_NOTE = "<i>db</i> migration"
+PAUSED_UNTIL_S = 4_070_908_800  # 2099-01-01T00:00:00Z
 DAY_S = 86_400
 
 
@@ -45,8 +47,8 @@ def _over_max_runtime(env: dict[str, str], task: str) -> bool:
 
 def build_world(server: RedisServer) -> World:
     """ok, failing (twice in a row), lease lost, terminated, unavailable, overdue (ledger), running past its
-    max runtime, a Berlin task, a hostile holder, and queue mode: an enqueue a worker ran, and
-    one waiting on a queue no worker reads."""
+    max runtime, a Berlin task, a hostile holder, paused (with a hostile note), and queue mode:
+    an enqueue a worker ran, and one waiting on a queue no worker reads."""
     url = server.url
     env = runner_env(url)
     # The two runs of `healthy` must share a slot (the second skips): start clear of an edge.
@@ -91,6 +93,13 @@ def build_world(server: RedisServer) -> World:
         )
     )
     _ok(run(["watchdog"], env), 1)
+
+    # Paused after a run; the pod of the slot before skips (recorded once), a later slot too.
+    _ok(run(["exec", "--name", "held-back", "--", "true"], five))
+    _ok(run(["pause", "held-back", "--note", PAUSE_NOTE, "--until", str(PAUSED_UNTIL_S)], env))
+    earlier = Schedule.parse("*/5 * * * *", "UTC", 0).previous_at_or_before(time.time() - 600)
+    _ok(run(["exec", "--name", "held-back", "--", "true"],
+            cronjob_env(url, "held-back", "*/5 * * * *", earlier)))  # fmt: skip
 
     # Running past its max runtime: the first run stores it, the second one holds the lease.
     slow = runner_env(url, CRON_RUNNER_SCHEDULE="*/5 * * * *", CRON_RUNNER_MAX_RUNTIME="1s")

@@ -7,6 +7,7 @@ import json
 import re
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -15,7 +16,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from runner.serve.metrics import METRICS
 from runner.testing import RedisServer, free_port
 from tests.helpers.proc import ROOT, runner_env
-from tests.serve.conftest import World, serving
+from tests.serve.conftest import PAUSED_UNTIL_S, World, serving
 
 
 def _samples(text: str) -> dict[str, list[Any]]:
@@ -38,7 +39,7 @@ def test_metrics_of_every_state(world: World, tmp_path: Path) -> None:
     assert families == {name: kind for name, (kind, _) in METRICS.items()}
     m = _samples(text)
     assert m["cron_runner_up"][0].value == 1
-    assert m["cron_runner_tasks"][0].value == 11
+    assert m["cron_runner_tasks"][0].value == 12
 
     runs = {
         (s.labels["task"], s.labels["outcome"]): s.value for s in m["cron_runner_task_runs_total"]
@@ -63,7 +64,17 @@ def test_metrics_of_every_state(world: World, tmp_path: Path) -> None:
                                                                  "slow": 1.0}  # fmt: skip
     assert _by_task(m, "cron_runner_task_max_runtime_seconds") == {"slow": 1.0}
     assert _by_task(m, "cron_runner_task_running_seconds")["slow"] >= 1
-    assert set(_by_task(m, "cron_runner_task_paused").values()) == {0}
+    assert _by_task(m, "cron_runner_task_paused") == {**dict.fromkeys(held, 0.0),
+                                                       "held-back": 1.0}  # fmt: skip
+    assert _by_task(m, "cron_runner_task_paused_until_timestamp_seconds") == {
+        "held-back": PAUSED_UNTIL_S
+    }
+    (since,) = _by_task(m, "cron_runner_task_paused_since_timestamp_seconds").items()
+    assert since[0] == "held-back" and abs(since[1] - time.time()) < 600
+    # The skipped slot is counted once; the pause itself is an operator's act, not a run.
+    assert runs[("held-back", "paused")] == 1
+    assert ("held-back", "pause") not in runs
+    assert overdue["held-back"] == 0
     assert _by_task(m, "cron_runner_task_last_success_timestamp_seconds").keys() >= {
         "healthy",
         "berlin",

@@ -16,7 +16,7 @@ from selenium.webdriver.common.by import By
 from selenium.webdriver.remote.webdriver import WebDriver
 
 from tests.helpers.proc import ROOT
-from tests.serve.conftest import HOSTILE_HOLDER, World, serving
+from tests.serve.conftest import HOSTILE_HOLDER, PAUSE_NOTE, World, serving
 
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 CHROMEDRIVER = shutil.which("chromedriver") or "/usr/bin/chromedriver"
@@ -55,7 +55,11 @@ def test_status_page_and_task_page(world: World, browser: WebDriver, tmp_path: P
         assert browser.title == "cron-runner"
         rows = _rows(browser)
         assert set(rows) == {"healthy", "failing", "berlin", "hostile", "lost", "stopped",
-                             "alone", "nightly", "slow", "q-ok", "q-billed"}  # fmt: skip
+                             "alone", "nightly", "slow", "q-ok", "q-billed", "held-back"}  # fmt: skip
+        assert "paused by" in rows["held-back"] and PAUSE_NOTE in rows["held-back"]
+        assert "overdue" not in rows["held-back"]
+        paused_strip = browser.find_elements(By.CSS_SELECTOR, "tr[data-task=held-back] .run")
+        assert [s.get_attribute("class") for s in paused_strip] == ["run run-paused", "run run-ran"]
         assert "failing: unavailable" in rows["alone"]
         assert "ok" in rows["healthy"]
         assert "failing: failed" in rows["failing"]
@@ -88,6 +92,13 @@ def test_status_page_and_task_page(world: World, browser: WebDriver, tmp_path: P
         assert not browser.find_elements(By.CSS_SELECTOR, "#history b, #history script")
         browser.save_screenshot(str(tmp_path / "task-page.png"))
 
+        browser.get(served.base + "/tasks/held-back")
+        paused = browser.find_element(By.ID, "paused").text
+        assert PAUSE_NOTE in paused and "until 2099-01-01 00:00:00 UTC" in paused
+        assert "cron-runner resume held-back" in paused
+        assert not browser.find_elements(By.CSS_SELECTOR, "#paused i, #history i")
+        history = browser.find_element(By.ID, "history").text
+        assert "pause" in history and f"until 2099-01-01 00:00:00 UTC: {PAUSE_NOTE}" in history
         browser.get(served.base + "/tasks/nightly")
         assert "cron-runner ack nightly" in browser.find_element(By.ID, "missed").text
         browser.get(served.base + "/tasks/no-such-task")
