@@ -11,12 +11,12 @@ from __future__ import annotations
 
 import argparse
 import logging
-import re
 import sys
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, Final
 
 from runner.config.settings import Settings
+from runner.config.sources import TIME_FORM, parse_time
 from runner.errors import ConfigError, UsageError
 
 if TYPE_CHECKING:
@@ -28,13 +28,6 @@ log = logging.getLogger("runner")
 
 #: The most slots one backfill runs: each is a run of its own, with its own acquire.
 MAX_BACKFILL_SLOTS: Final = 10_000
-TIME_FORM: Final = (
-    "ISO 8601 with Z or an offset (2026-01-01T10:00:00Z, 2026-01-01T11:00:00+01:00) or epoch "
-    "seconds (1767261600)"
-)
-_EPOCH_RE: Final = re.compile(r"[0-9]{1,11}(?:\.[0-9]+)?\Z", re.ASCII)
-# 9999-12-31T23:59:59Z: the last time a slot can be shown as (datetime's year 9999).
-_LAST_S: Final = 253_402_300_799
 
 TRIGGER_EXIT_CODES: Final = """exit codes: as `run` and `exec` (cron-runner --help); a trigger that
 finds the lease held skips (0) as a run of the task would.
@@ -188,33 +181,6 @@ def cmd_trigger(args: argparse.Namespace, settings: Settings) -> int:
 
     name, target, what = _target(args, settings, "trigger")
     return _execute(settings, name, target, what, asked=Asked(None))
-
-
-def parse_time(value: str, flag: str) -> float:
-    """``value`` as epoch seconds: ISO 8601 with Z or an offset, or epoch seconds. A time
-    without an offset is refused: read in the zone of whichever host runs the backfill, it
-    would name other slots than the operator meant."""
-    from datetime import datetime  # noqa: PLC0415
-
-    text = value.strip()
-    if _EPOCH_RE.match(text):
-        t_s = float(text)
-    else:
-        try:
-            when = datetime.fromisoformat(text.replace("Z", "+00:00").replace("z", "+00:00"))
-        except ValueError:
-            raise ConfigError(
-                f"{flag}={value[:60]!r} is not a time: expected {TIME_FORM}"
-            ) from None
-        if when.tzinfo is None:
-            raise ConfigError(
-                f"{flag}={value[:60]!r} names no time zone: add Z or an offset such as +01:00 "
-                f"(expected {TIME_FORM})"
-            )
-        t_s = when.timestamp()
-    if not 0 <= t_s <= _LAST_S:
-        raise ConfigError(f"{flag}={value[:60]!r} is out of range: expected a time from 1970 on")
-    return t_s
 
 
 def backfill_slots(args: argparse.Namespace, settings: Settings, now_s: float) -> list[int]:

@@ -9,13 +9,13 @@ from __future__ import annotations
 import argparse
 import contextlib
 import logging
-import re
 import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
 from runner import clock
 from runner.config.settings import Settings
+from runner.config.sources import TIME_FORM, parse_time
 from runner.errors import ConfigError, UnknownTask
 
 AddFlags = Callable[[argparse.ArgumentParser, Sequence[str]], None]
@@ -23,36 +23,6 @@ AddFlags = Callable[[argparse.ArgumentParser, Sequence[str]], None]
 log = logging.getLogger("runner")
 
 NOTE_MAX_CHARS = 500
-TIME_FORM = (
-    "expected ISO 8601 with Z or an offset (2026-01-02T06:00:00Z, 2026-01-02T07:00:00+01:00) "
-    "or epoch seconds (1767333600)"
-)
-_EPOCH_RE = re.compile(r"[0-9]{1,12}(?:\.[0-9]{1,6})?\Z", re.ASCII)
-_LAST_S = 253_402_300_799  # 9999-12-31T23:59:59Z: past it no time can be shown
-
-
-def parse_time(value: str, origin: str) -> float:
-    """An instant as epoch seconds, from epoch seconds or ISO 8601 with Z or an offset. A time
-    without a zone is refused: each server would read it in its own."""
-    from datetime import datetime  # noqa: PLC0415
-
-    text = value.strip()
-    if _EPOCH_RE.match(text):
-        t_s = float(text)
-    else:
-        try:
-            when = datetime.fromisoformat(text.replace("Z", "+00:00").replace("z", "+00:00"))
-        except ValueError:
-            raise ConfigError(f"{origin}={value[:60]!r} is not a time: {TIME_FORM}") from None
-        if when.tzinfo is None:
-            raise ConfigError(
-                f"{origin}={value[:60]!r} names no time zone, which each server would read in its "
-                f"own: {TIME_FORM}"
-            )
-        t_s = when.timestamp()
-    if t_s > _LAST_S:
-        raise ConfigError(f"{origin}={value[:60]!r} is after the year 9999: {TIME_FORM}")
-    return t_s
 
 
 def _note(value: str) -> str:

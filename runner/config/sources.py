@@ -123,3 +123,38 @@ class Source:
                 f"to {maximum}"
             )
         return int(value)
+
+
+TIME_FORM = (
+    "expected ISO 8601 with Z or an offset (2026-01-02T06:00:00Z, 2026-01-02T07:00:00+01:00) "
+    "or epoch seconds (1767333600)"
+)
+_EPOCH_RE = re.compile(r"[0-9]{1,12}(?:\.[0-9]{1,6})?\Z", re.ASCII)
+_LAST_S = 253_402_300_799  # 9999-12-31T23:59:59Z: past it no time can be shown
+
+
+def parse_time(value: str, origin: str) -> float:
+    """An instant as epoch seconds, from epoch seconds or ISO 8601 with Z or an offset, for the
+    flags that name one (pause --until, backfill --from/--to). A time without a zone is refused:
+    each server, and the operator's own host, would read it in its own zone."""
+    from datetime import datetime  # noqa: PLC0415 - only the commands that take a time
+
+    text = value.strip()
+    if _EPOCH_RE.match(text):
+        t_s = float(text)
+    else:
+        try:
+            when = datetime.fromisoformat(text.replace("Z", "+00:00").replace("z", "+00:00"))
+        except ValueError:
+            raise ConfigError(f"{origin}={value[:60]!r} is not a time: {TIME_FORM}") from None
+        if when.tzinfo is None:
+            raise ConfigError(
+                f"{origin}={value[:60]!r} names no time zone: add Z or an offset such as "
+                f"+01:00, else each host reads it in its own zone; {TIME_FORM}"
+            )
+        t_s = when.timestamp()
+    if t_s > _LAST_S:
+        raise ConfigError(f"{origin}={value[:60]!r} is after the year 9999: {TIME_FORM}")
+    if t_s < 0:
+        raise ConfigError(f"{origin}={value[:60]!r} is before 1970: {TIME_FORM}")
+    return t_s

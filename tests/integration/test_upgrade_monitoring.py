@@ -28,7 +28,7 @@ OLD_MAIN = (
     "import sys\n"
     "sys.meta_path[:] = [f for f in sys.meta_path if '__editable__' not in repr(f)]\n"
     "sys.path.insert(0, sys.argv.pop(1))\n"
-    "import runner.cli.main\n"
+    "import runner.cli\n"
     "assert runner.cli.__file__.startswith(sys.path[0]), runner.cli.__file__\n"
     "sys.exit(runner.cli.main(sys.argv[1:]))\n"
 )

@@ -8,8 +8,8 @@ from datetime import UTC, datetime
 import pytest
 
 from runner.cli.main import with_task_options
-from runner.cli.pause import parse_time
 from runner.config.settings import load_settings
+from runner.config.sources import parse_time
 from runner.errors import ConfigError
 from runner.ops.pause import Pause, pause_of, pause_window
 from runner.ops.report import overdue_text, pause_text
