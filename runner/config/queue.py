@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from runner.config.rates import RateLimit, parse_rate_limit
-from runner.config.settings import OVERLAPS, Settings
+from runner.config.settings import Settings
 from runner.config.sources import Source, parse_duration
 from runner.errors import ConfigError
 from runner.tasks import QUEUE_NAME_RE, QueueOptions
@@ -80,10 +80,6 @@ class QueueSettings:
     # per-task `queue`, `retries`, `timeLimit`, `rateLimit`): they ride in the message and win
     # over @task's.
     overrides: QueueOptions = _NO_OVERRIDES
-    # The enqueueing CronJob's overlap policy and wait (CRON_RUNNER_OVERLAP, _OVERLAP_WAIT):
-    # they ride in the message too, and the worker holds the task's lease under them.
-    overlap: str | None = None
-    overlap_wait_s: float | None = None
     # A port for Dramatiq's own Prometheus metrics (its Prometheus middleware); None: off.
     metrics_port: int | None = None
 
@@ -195,7 +191,5 @@ def load_queue_settings(
         processes=_whole(src, "WORKER_PROCESSES", 1, 1, MAX_PROCESSES),
         threads=_whole(src, "WORKER_THREADS", DEFAULT_THREADS, 1, MAX_THREADS),
         overrides=_overrides(src),
-        overlap=src.choice("OVERLAP", "", OVERLAPS) or None,
-        overlap_wait_s=src.optional_duration("OVERLAP_WAIT", minimum_s=0.001),
         metrics_port=src.count("WORKER_METRICS_PORT", 1, 65535),
     )

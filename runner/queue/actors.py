@@ -187,6 +187,7 @@ class Actors:
             overlap=job.policy.overlap,
             aux_ms=wait_ms,
             skip_ttl_ms=JOB_MARKER_RETENTION_MS,
+            pause_after_failures=job.policy.pause_on_failures,
         )
 
     def _overlap_wait_s(self, job: _Job) -> float:
@@ -320,13 +321,15 @@ class Actors:
             marker["outcome"] = REPLACED
         record = self._record_fields(job, outcome, ctx.fencing_token, error)
         state = self._state_fields(job, ctx, outcome, code)
+        # replaced: its slot is done, which neither counts as a failure nor ends a count of them.
+        success = outcome != REPLACED
+
+        def complete() -> object:
+            return lease.complete(job.slot, record, state, marker,
+                                  retention_ms=JOB_MARKER_RETENTION_MS, success=success)  # fmt: skip
+
         try:
-            self._store(
-                lambda: lease.complete(
-                    job.slot, record, state, marker, retention_ms=JOB_MARKER_RETENTION_MS
-                ),
-                "finish",
-            )
+            self._store(complete, "finish")
         except LeaseNotOwned as exc:
             # The lease went while the task ran to its end: as a run, lease_lost, and the
             # message is retried (Dramatiq's retries).
@@ -352,7 +355,17 @@ class Actors:
             return
         record = self._record_fields(job, FAILED, ctx.fencing_token, error)
         state = self._state_fields(job, ctx, FAILED, 1)
-        self._finish_quietly(job, lambda: lease.release(record, state, failure=True))
+        try:
+            finished = self._store(lambda: lease.release(record, state, failure=True), "finish")
+        except (RedisError, CronRunnerError) as exc:
+            job.logger.warning(f"could not record the run: {exc}", extra={"event": "record_failed"})
+            return
+        if finished.paused:
+            job.logger.warning(
+                f"paused the task after {lease.pause_after_failures} consecutive failures: no "
+                "job of it runs until `cron-runner resume`",
+                extra={"event": "paused"},
+            )
 
     def _finish_quietly(self, job: _Job, call: Callable[[], object]) -> None:
         """A finish whose failure changes nothing for the message: logged, not raised."""

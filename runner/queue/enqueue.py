@@ -16,13 +16,13 @@ import threading
 from typing import Any
 
 from runner.config.queue import QueueSettings, refuse_cluster
-from runner.config.settings import BUFFER_ONE, SKIP, Settings
+from runner.config.settings import BUFFER_ONE, Settings
 from runner.keys import TaskKeys
 from runner.lease import store
 from runner.outcomes import ENQUEUED
 from runner.queue.messages import build_message, make_broker, message_id_for, send_once, sent_key
 from runner.queue.options import check_backoff, message_options, queue_of
-from runner.schedule.slots import Schedule
+from runner.run.policy import overlap_wait_s
 from runner.tasks import RunContext, TaskSpec
 
 
@@ -49,10 +49,12 @@ class EnqueueTarget:
         # Checked even when CRON_RUNNER_QUEUE names another queue: a task the workers cannot
         # place (a name that is no queue name, no @task queue) would only be dead-lettered.
         self.queue = queue_settings.overrides.queue or queue_of(spec)
-        overlap = queue_settings.overlap or SKIP
+        # The run's own overlap policy and pause on failures (flag, variable, else @task's):
+        # the workers hold the task's lease under them around the job.
         self.options = message_options(
-            queue_settings.overrides, overlap=overlap,
-            overlap_wait_s=_overlap_wait_s(settings, overlap, queue_settings.overlap_wait_s),
+            queue_settings.overrides, overlap=settings.lease.overlap_policy,
+            overlap_wait_s=_overlap_wait_s(settings),
+            pause_on_failures=settings.lease.failures_before_pause,
         )  # fmt: skip
         self.retention_ms = int(retention_s * 1000)
         self.message_id: str | None = None
@@ -157,11 +159,12 @@ class EnqueueTarget:
         )
 
 
-def _overlap_wait_s(settings: Settings, overlap: str, given_s: float | None) -> float | None:
-    """How long a job waits under buffer-one or replace: CRON_RUNNER_OVERLAP_WAIT, else for
-    buffer-one the schedule's shortest gap (the next slot's job would supersede it by then);
-    None leaves the worker's default (its TTL + shutdown grace + 10 s)."""
-    slots = settings.slots
-    if given_s is not None or overlap != BUFFER_ONE or not slots.schedule:
-        return given_s
-    return Schedule.parse(slots.schedule, slots.timezone, slots.skew_tolerance_s).min_gap_s
+def _overlap_wait_s(settings: Settings) -> float | None:
+    """How long a job waits under buffer-one or replace: the run's overlap wait when it was set,
+    and for buffer-one its default (the schedule's shortest gap: the next slot's job would
+    take its place by then); None leaves replace to the worker's default, which follows the
+    holder's TTL and grace, the worker's own."""
+    lease = settings.lease
+    if lease.overlap_wait_s is None and lease.overlap_policy != BUFFER_ONE:
+        return None
+    return overlap_wait_s(settings)

@@ -1,6 +1,7 @@
 """Which queue a task's messages go to, and which options they carry: the enqueueing
-CronJob's (CRON_RUNNER_QUEUE, _RETRIES_*, _TIME_LIMIT, _RATE_LIMIT, _OVERLAP, _OVERLAP_WAIT),
-else the task's ``@task(...)``, else the worker's defaults (docs/design.md, Queue mode).
+CronJob's (CRON_RUNNER_QUEUE, _RETRIES_*, _TIME_LIMIT, _RATE_LIMIT, and its run's overlap
+policy and pause on failures), else the task's ``@task(...)``, else the worker's defaults
+(docs/design.md, Queue mode).
 
 Plain functions over the registry and settings; no Dramatiq, no Redis.
 """
@@ -21,6 +22,7 @@ from runner.tasks import QUEUE_NAME_RE, QueueOptions, Registry, TaskSpec, queue_
 OVERLAP = "overlap"
 OVERLAP_WAIT_MS = "overlap_wait"
 RATE_LIMIT = "rate_limit"
+PAUSE_ON_FAILURES = "pause_on_failures"
 
 
 def queue_of(spec: TaskSpec) -> str:
@@ -73,12 +75,17 @@ def check_backoff(spec: TaskSpec, overrides: QueueOptions) -> None:
 
 
 def message_options(
-    overrides: QueueOptions, *, overlap: str = SKIP, overlap_wait_s: float | None = None
+    overrides: QueueOptions,
+    *,
+    overlap: str = SKIP,
+    overlap_wait_s: float | None = None,
+    pause_on_failures: int = 0,
 ) -> dict[str, int | str]:
     """Per-message options in Dramatiq's units, read by its Retries and TimeLimit middleware
     before the actor's own (dramatiq/middleware/retries.py, time_limit.py); and ours, read by
-    the worker (``job_policy``): the rate limit, and the overlap policy unless it is skip, so a
-    default task's message is what it was."""
+    the worker (``job_policy``): the rate limit, the overlap policy unless it is skip, and the
+    pause after consecutive failures when there is one, so a default task's message is what
+    it was."""
     options: dict[str, int | str] = {}
     if overrides.max_retries is not None:
         options["max_retries"] = overrides.max_retries
@@ -92,16 +99,20 @@ def message_options(
         options[RATE_LIMIT] = str(overrides.rate_limit)
     if overlap != SKIP:
         options[OVERLAP] = overlap
+    if pause_on_failures > 0:
+        options[PAUSE_ON_FAILURES] = pause_on_failures
     return options
 
 
 class JobPolicy(NamedTuple):
     """How a worker runs one message of a task: the overlap policy of the task's lease, how
-    long buffer-one and replace wait (None: the worker's default), and the rate limit."""
+    long buffer-one and replace wait (None: the worker's default), the rate limit, and after
+    how many consecutive failures the task is paused (0: never)."""
 
     overlap: str = SKIP
     overlap_wait_s: float | None = None
     rate_limit: RateLimit | None = None
+    pause_on_failures: int = 0
 
 
 def job_policy(options: Mapping[str, Any], spec: TaskSpec) -> JobPolicy:
@@ -123,4 +134,5 @@ def job_policy(options: Mapping[str, Any], spec: TaskSpec) -> JobPolicy:
         rate_limit=parse_rate_limit(str(rate), f"message option {RATE_LIMIT}")
         if rate is not None
         else queue_options(spec.fn).rate_limit,
+        pause_on_failures=int(options.get(PAUSE_ON_FAILURES, 0)),
     )

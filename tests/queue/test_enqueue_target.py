@@ -4,11 +4,12 @@ that hangs is stopped by kill() instead of leaving the run to abandon a Python t
 from __future__ import annotations
 
 import json
-from typing import cast
+from typing import Any, cast
 
 import redis
 
 from runner import clock
+from runner.cli.main import with_task_options
 from runner.config.queue import QueueSettings
 from runner.config.settings import Settings, load_settings
 from runner.keys import TaskKeys
@@ -16,7 +17,7 @@ from runner.logs import run_logger
 from runner.queue.enqueue import EnqueueTarget
 from runner.queue.messages import message_id_for, sent_key
 from runner.run.targets import PythonTarget, Target
-from runner.tasks import RunContext, TaskSpec, task
+from runner.tasks import RunContext, RunOptions, TaskSpec, run_options, task
 from runner.testing import RedisServer
 from tests.helpers.tcpproxy import TcpProxy
 from tests.helpers.wait import wait_for
@@ -73,23 +74,48 @@ def test_a_hung_send_is_killed_not_abandoned(redis_server: RedisServer) -> None:
         assert (target.error() or "").startswith("Terminated: enqueue: stopped")
 
 
-def test_the_message_names_the_run_and_carries_its_overlap_policy(
-    redis_server: RedisServer, r: redis.Redis
-) -> None:
-    """The worker takes the lease of the run's name under the CronJob's policy: both ride in
-    the message, and buffer-one's wait defaults to the schedule's shortest gap."""
-    settings = load_settings({"CRON_RUNNER_REDIS_URL": redis_server.url,
-                              "CRON_RUNNER_SCHEDULE": "*/5 * * * *"})  # fmt: skip
-    qs = QueueSettings(namespace="cron-runner:queue:default", overlap="buffer-one")
-    target = EnqueueTarget(settings, qs, TaskSpec("report", report, "test"), retention_s=3600)
+def _sent(r: redis.Redis, settings: Settings, spec: TaskSpec, run_name: str) -> dict[str, Any]:
+    """Send the slot's message as ``run TASK --name run_name`` does; the message as stored."""
+    qs = QueueSettings(namespace="cron-runner:queue:default")
+    target = EnqueueTarget(settings, qs, spec, retention_s=3600)
     ctx = _ctx()
-    ctx.task = "nightly-report"  # run report --name nightly-report
+    ctx.task = run_name
     target.start(ctx)
     wait_for(lambda: target.poll(0.1), 10)
     assert (target.exit_code(), target.error()) == (0, None)
-    (raw,) = cast(list[str], r.hvals("cron-runner:queue:default:report.msgs"))
-    message = json.loads(raw)
+    raws = cast(list[str], r.hvals(f"cron-runner:queue:default:{spec.name}.msgs"))
+    (message,) = [m for m in map(json.loads, raws) if m["kwargs"]["name"] == run_name]
+    return cast(dict[str, Any], message)
+
+
+@task("tidy", overlap="replace", overlap_wait="45s")
+def tidy(ctx: RunContext) -> None: ...
+
+
+def test_the_message_names_the_run_and_carries_its_overlap_policy(
+    redis_server: RedisServer, r: redis.Redis
+) -> None:
+    """The worker takes the lease of the run's name under the run's own policy (flag, variable,
+    else @task's): both ride in the message; buffer-one's wait defaults to the schedule's
+    shortest gap, replace's to the worker's own."""
+    env = {"CRON_RUNNER_REDIS_URL": redis_server.url, "CRON_RUNNER_SCHEDULE": "*/5 * * * *"}
+    settings = load_settings({**env, "CRON_RUNNER_OVERLAP": "buffer-one"})
+    message = _sent(r, settings, TaskSpec("report", report, "test"), "nightly-report")
     assert message["actor_name"] == "report"
     assert message["kwargs"] == {"slot": SLOT, "fence": 7, "payload": {}, "name": "nightly-report"}
-    assert message["options"]["overlap"] == "buffer-one"
-    assert message["options"]["overlap_wait"] == 300_000
+    assert (message["options"]["overlap"], message["options"]["overlap_wait"]) == (
+        "buffer-one", 300_000,
+    )  # fmt: skip
+
+    # @task(overlap=, overlap_wait=), as `run tidy` reads them where no flag or variable did.
+    spec = TaskSpec("tidy", tidy, "test")
+    settings = with_task_options(load_settings(env), run_options(tidy))
+    options = _sent(r, settings, spec, "tidy")["options"]
+    assert (options["overlap"], options["overlap_wait"]) == ("replace", 45_000)
+    options = _sent(r, with_task_options(load_settings({**env, "CRON_RUNNER_OVERLAP": "replace"}),
+                                         RunOptions()), spec, "tidy-2")["options"]  # fmt: skip
+    assert options["overlap"] == "replace" and "overlap_wait" not in options
+    # And the pause after consecutive failures, which the workers' failures count towards.
+    settings = load_settings({**env, "CRON_RUNNER_PAUSE_ON_FAILURES": "3"})
+    options = _sent(r, settings, spec, "tidy-3")["options"]
+    assert (options["pause_on_failures"], "overlap" in options) == (3, False)

@@ -279,6 +279,25 @@ def test_a_paused_tasks_jobs_are_not_run_and_are_recorded(
     assert [e["slot"] for e in effects(r, "ran")] == [NEXT]
 
 
+def test_pause_on_failures_counts_the_jobs_failures_and_holds_back_the_retry(
+    redis_server: RedisServer, r: redis.Redis, workers: list[WorkerProc]
+) -> None:
+    # q-doomed always fails, with 2 retries; the CronJob's CRON_RUNNER_PAUSE_ON_FAILURES=2
+    # rides in the message. Its second failure pauses the task, and the retry that follows is
+    # recorded as paused and acknowledged, not run and not dead-lettered.
+    doomed = TaskKeys("cron-runner", "default", "q-doomed")
+    w = start_worker(workers, queue_env(redis_server))
+    send_slot(r, "q-doomed", SLOT, options={"pause_on_failures": 2})
+    wait_for(lambda: len(runs(r, "q-doomed")) == 3, 30, "two failures and the paused retry")
+    wait_for(lambda: stats(r, "q-doomed").in_flight == 0 and unacked(r) == 0, 20, "the ack")
+    assert [f["outcome"] for f in runs(r, "q-doomed")] == ["failed", "failed", "paused"]
+    assert len(effects(r, "attempt")) == 2
+    assert r.hget(doomed.meta, "paused") == "1"
+    assert "2 consecutive failures" in cast(str, r.hget(doomed.meta, "paused_note"))
+    assert stats(r, "q-doomed").dead == 0
+    assert w.events("paused")
+
+
 def test_the_enqueueing_cronjob_sends_its_overlap_policy_and_the_worker_holds_it(
     redis_server: RedisServer, r: redis.Redis, workers: list[WorkerProc]
 ) -> None:

@@ -5,6 +5,7 @@ instead of killing it with the job in flight until its heartbeat expires."""
 from __future__ import annotations
 
 import signal
+import subprocess
 
 import pytest
 import redis
@@ -29,7 +30,11 @@ def test_every_stop_signal_lets_the_running_job_finish(
     try:
         wait_for(lambda: effects(r, "start"), 20, "the job to start")
         w.proc.send_signal(getattr(signal, sig))
-        assert w.wait(30) == 0, w.text()
+        try:
+            code = w.wait(30)
+        except subprocess.TimeoutExpired:
+            pytest.fail(f"the worker was still up 30 s after {sig}; its log:\n{w.text()[-4000:]}")
+        assert code == 0, w.text()
         assert len(effects(r, "ran")) == 1
         assert unacked(r) == 0
         assert len(w.events("worker_stopped")) == int(processes)
