@@ -184,7 +184,9 @@ local function superseded(by)
   return {'held', current or '', current and redis.call('PTTL', KEYS[1]) or 0, 'superseded'}
 end
 local asking
-if own and (policy == 'buffer' or policy == 'replace') then
+-- A run of this very slot holds the lease: this runner waits for it as for any holder of its
+-- own slot, and the slot is not superseded, whatever waits behind it.
+if own and held_slot ~= own and (policy == 'buffer' or policy == 'replace') then
   -- An older slot never runs after a newer one has waited or run.
   if held_slot and held_slot > own then
     return superseded(held_slot)
