@@ -224,16 +224,15 @@ def record_unleased(
     Raises ``FinishIncomplete`` when the script could not make every write (an ACL refusal, a
     key of the wrong type), and what Redis raises when it cannot be reached.
     """
-    reply = finish(
+    status = finish(
         client, keys, lease_key=keys.lease, token=_RECORD_TOKEN, runs_maxlen=runs_maxlen,
         retention_ms=_RECORD_RETENTION_MS, fence=_UNFENCED, record=record, state=state_fields,
     )  # fmt: skip
-    if _text(reply[0]) == "partial":
-        failed = [_text(x) for x in reply[3:]]
-        raise FinishIncomplete("record", failed, _text(reply[1]), None, _RECORD_RETENTION_MS)
-    if state_fields and len(reply) > 3 and not _text(reply[3]):
+    if status[0] == "partial":
+        raise FinishIncomplete("record", status[3:], status[1], None, _RECORD_RETENTION_MS)
+    if state_fields and len(status) > 3 and not status[3]:
         _index(client, keys)
-    return Finished(stale_state=_text(reply[2]) == "1")
+    return Finished(stale_state=len(status) > 2 and status[2] == "1")
 
 
 def _index(client: Any, keys: TaskKeys) -> None:

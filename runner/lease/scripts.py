@@ -8,11 +8,12 @@ from __future__ import annotations
 
 import hashlib
 import logging
-import secrets
+import os
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, NamedTuple, Protocol
 
+from redis import VERSION as REDIS_VERSION
+from redis import Redis
 from redis.exceptions import NoScriptError, RedisError
 
 from runner import clock
@@ -65,49 +66,63 @@ GAVE_UP = "gave_up"  # the last look of a wait found it still held (recorded)
 # slot that does not run because of another slot, the policy or a pause is put in the run
 # stream once (HSETNX 'skipped'). These are pcalls: an ACL without the command must not turn
 # a skip into an error, and the marker's 'holder' alone still says whether the slot ran.
+# Reply: the fence, a bare integer, when acquired (with catch-up candidates, a table:
+# 'acquired', the fence, the unrun ones), else a table naming why not.
+#
+# Every step of the common path costs Redis time at each run (bench/README.md): a stored
+# version equal to ours is told apart as a string before tonumber's strtod, TIME is asked
+# only when a clock is needed, and a pause's note and author only when paused.
 ACQUIRE = """
 local meta = redis.call('HMGET', KEYS[3], 'protocol', 'protocol_min', 'definition', 'since',
-  'paused', 'paused_until', 'paused_note', 'paused_by', 'paused_at', 'protocol_min_before_pause')
-local mine = tonumber(ARGV[3])
-if mine < tonumber(meta[2] or '1') then
-  return {'protocol', meta[1] or '', meta[2] or ''}
+  'paused', 'paused_until', 'protocol_min_before_pause')
+local stored, stored_min = meta[1], meta[2]
+-- Strings first: a stored version equal to ours needs no tonumber (a strtod each).
+if stored_min and stored_min ~= ARGV[4] and stored_min ~= ARGV[3]
+    and tonumber(ARGV[3]) < tonumber(stored_min) then
+  return {'protocol', stored or '', stored_min}
 end
 local definition = ARGV[5]
 if definition ~= '' and meta[3] and meta[3] ~= definition and ARGV[6] ~= '1' then
   return {'definition', meta[3]}
 end
-local now = redis.call('TIME')
-local now_ms = tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000)
-local want_min = tonumber(ARGV[4])
+local now_ms
+local function now()
+  if not now_ms then
+    local t = redis.call('TIME')
+    now_ms = t[1] * 1000 + math.floor(t[2] / 1000)
+  end
+  return now_ms
+end
 local paused = meta[5] == '1'
-local until_s = tonumber(meta[6] or '')
-local resumed = paused and until_s ~= nil and now_ms >= until_s * 1000
+local until_s = paused and tonumber(meta[6] or '')
+local resumed = until_s and now() >= until_s * 1000
 if resumed then paused = false end
-local writes = {}
+local writes
 local function write(name, value)
+  writes = writes or {}
   writes[#writes + 1] = name
   writes[#writes + 1] = value
 end
-if not meta[1] or mine > tonumber(meta[1]) then
+if stored ~= ARGV[3] and (not stored or tonumber(ARGV[3]) > tonumber(stored)) then
   write('protocol', ARGV[3])
 end
 -- The minimum never goes down, but for the one a pause raised, which its end puts back.
-local stored_min = tonumber(meta[2] or '')
+local want_min = ARGV[4]
 if resumed then
-  write('protocol_min', string.format('%d', math.max(tonumber(meta[10] or '') or 1, want_min)))
-elseif not stored_min or want_min > stored_min then
-  write('protocol_min', ARGV[4])
+  write('protocol_min', string.format('%d', math.max(tonumber(meta[7] or '') or 1, tonumber(want_min))))
+elseif stored_min ~= want_min and (not stored_min or tonumber(want_min) > tonumber(stored_min)) then
+  write('protocol_min', want_min)
 end
-if paused and meta[10] and want_min > (tonumber(meta[10]) or 1) then
-  write('protocol_min_before_pause', ARGV[4])
+if paused and meta[7] and tonumber(want_min) > (tonumber(meta[7]) or 1) then
+  write('protocol_min_before_pause', want_min)
 end
 if definition ~= '' and meta[3] ~= definition then
   write('definition', definition)
 end
 if not meta[4] then
-  write('since', string.format('%d', now_ms))
+  write('since', string.format('%d', now()))
 end
-if #writes > 0 then
+if writes then
   redis.call('HSET', KEYS[3], unpack(writes))
 end
 if resumed then
@@ -141,10 +156,12 @@ local function skipped(outcome, reason)
       'error', reason, unpack(ARGV, 14 + ncatch))
   end
 end
+-- Acquired: the bare fence, or with catch-up candidates unrun, a table of it and them.
 local function acquired(fence)
+  if ncatch == 0 then return fence end
   local reply = {'acquired', fence}
   -- Slots before this release's first run of the task are not missed: they are its history.
-  local since = tonumber(meta[4] or '') or now_ms
+  local since = tonumber(meta[4] or '') or now()
   for j = 1, ncatch do
     local s = ARGV[13 + j]
     if tonumber(s) * 1000 >= since then
@@ -169,9 +186,10 @@ if current == ARGV[1] then
   return acquired(tonumber(redis.call('GET', KEYS[2]) or '0'))
 end
 if paused then
-  local note = meta[7] or ''
-  skipped('paused', 'paused by ' .. (meta[8] or '?') .. (note ~= '' and (': ' .. note) or ''))
-  return {'paused', note, meta[8] or '', meta[9] or '', meta[6] or ''}
+  local p = redis.call('HMGET', KEYS[3], 'paused_note', 'paused_by', 'paused_at')
+  local note = p[1] or ''
+  skipped('paused', 'paused by ' .. (p[2] or '?') .. (note ~= '' and (': ' .. note) or ''))
+  return {'paused', note, p[2] or '', p[3] or '', meta[6] or ''}
 end
 -- The slot a token was taken for: after its last ':', past a '/'. None for a manual run or a
 -- token of b170e33.
@@ -255,7 +273,7 @@ end
 -- without persistence, a failover to a lagging replica) starts again above every fence handed
 -- out before, as long as that clock has moved on since.
 local fence = redis.call('INCR', KEYS[2])
-if fence < now_ms then
+if fence < now() then
   fence = now_ms
   redis.call('SET', KEYS[2], string.format('%d', now_ms))
 end
@@ -298,8 +316,10 @@ return {'ok'}
 #       on), 6 '1' if a slot marker key is given, 7 '1' if the task's lease is given,
 #       8 failures ('count' | 'reset' | ''), 9 pause after this many consecutive failures
 #       (0: never), 10 who pauses (the holder), 11 the protocol minimum while paused,
-#       then three field lists, each a count followed by that many name/value pairs: run
-#       record, state fields, slot marker fields.
+#       12 how many name/value pairs the run record has, 13 how many the state has, then
+#       those pairs; with a slot marker, then its holder and finished_at and any other
+#       name/value pairs (the script names the first two and adds the token: each argument
+#       costs the client's packer and Redis's parser, bench/README.md).
 # With a slot marker key this is "complete"; without, "release". An empty token skips
 # the owner check and the lease: that is "record", for outcomes whose lease is gone.
 #
@@ -308,9 +328,12 @@ return {'ok'}
 # lease deleted only once it is safe; if the marker cannot be written, the lease is kept for
 # the marker's retention instead, so the slot that ran is never run again. The state hash is
 # written only by a fence at least as high as the last one there: a stale holder cannot
-# overwrite a newer holder's state. Reply: 'ok' or 'partial', then 'marked' | 'kept' | '',
-# then '1' if the state was left to a newer fence, then each failed write; 'ok' adds the
-# task's 'indexed' field and 'paused' when this failure paused the task.
+# overwrite a newer holder's state.
+# Reply: one space-separated string, cheaper for Redis than a table: 'ok', then 'marked' |
+# 'kept' | '', then '1' if the state was left to a newer fence, then the task's 'indexed'
+# field, then 'paused' when this failure paused the task ('ok marked' alone: a retry whose
+# first try did it all). When a write failed, a table: 'partial', the same two, then each
+# failed write; when the lease is another's, {'not_owner', its token}.
 FINISH = """
 local failed = {}
 local function try(...)
@@ -337,9 +360,14 @@ local owner = false
 if token ~= '' then
   local current = try('GET', KEYS[1])
   -- A retry whose first reply was lost: this token already completed the slot.
-  if marker and (keep or (current ~= nil and current ~= token))
-      and redis.pcall('HGET', marker, 'token') == token then
-    return {'ok', 'marked', ''}
+  if marker and (keep or (current ~= nil and current ~= token)) then
+    if try('HGET', marker, 'token') == token then
+      return 'ok marked'
+    end
+    -- Refused (an ACL without +hget): a retry must not pass for another's lease.
+    if #failed > 0 then
+      return {'partial', '', '', unpack(failed)}
+    end
   end
   if current ~= nil and current ~= token then
     return {'not_owner', current or ''}
@@ -347,20 +375,13 @@ if token ~= '' then
   -- nil: the lease could not be read, so it is not deleted; a success still marks its slot.
   owner = current ~= nil
 end
-local i = 12
-local function pairs_at()
-  local n = tonumber(ARGV[i])
-  local out = {}
-  for j = 1, 2 * n do out[j] = ARGV[i + j] end
-  i = i + 2 * n + 1
-  return out
-end
-local record = pairs_at()
-local state = pairs_at()
-local marker_fields = pairs_at()
+-- The field lists are passed on with unpack, never copied into tables of their own.
+local state_at = 14 + 2 * ARGV[12]
+local marker_at = state_at + 2 * ARGV[13]
 local marked = ''
-if marker and #marker_fields > 0 then
-  if try('HSET', marker, unpack(marker_fields)) then
+if marker and marker_at < #ARGV then
+  if try('HSET', marker, 'holder', ARGV[marker_at], 'finished_at', ARGV[marker_at + 1],
+         'token', token, unpack(ARGV, marker_at + 2)) then
     marked = 'marked'
     try('PEXPIRE', marker, ARGV[3])
   elseif owner and not keep and try('PEXPIRE', KEYS[1], ARGV[3]) then
@@ -374,18 +395,24 @@ if owner and not keep then
     redis.pcall('DEL', shown)
   end
 end
-if #record > 0 then
-  try('XADD', KEYS[2], 'MAXLEN', '~', ARGV[2], '*', unpack(record))
+if state_at > 14 then
+  try('XADD', KEYS[2], 'MAXLEN', '~', ARGV[2], '*', unpack(ARGV, 14, state_at - 1))
+end
+-- One read of the state hash for the fence guard, the failure count and the index mark. Read
+-- with pcall when there is no state to write: a refusal then must not make the run partial.
+local st
+if marker_at > state_at then
+  st = try('HMGET', KEYS[3], 'last_fence', 'consecutive_failures', 'indexed')
+else
+  st = redis.pcall('HMGET', KEYS[3], 'last_fence', 'consecutive_failures', 'indexed')
+  if type(st) == 'table' and st.err then st = {false, false, '?'} end
 end
 local stale = ''
-if #state > 0 then
-  local last = try('HGET', KEYS[3], 'last_fence')
-  if last ~= nil then
-    if ARGV[4] == '' or tonumber(ARGV[4]) >= (tonumber(last) or 0) then
-      try('HSET', KEYS[3], unpack(state))
-    else
-      stale = '1'
-    end
+if st and marker_at > state_at then
+  if ARGV[4] == '' or tonumber(ARGV[4]) >= (tonumber(st[1]) or 0) then
+    try('HSET', KEYS[3], unpack(ARGV, state_at, marker_at - 1))
+  else
+    stale = '1'
   end
 end
 -- Pause after N consecutive failures: counted in the state hash, and at N the task is paused
@@ -410,22 +437,15 @@ if ARGV[8] == 'count' then
       end
     end
   end
-elseif ARGV[8] == 'reset' then
-  local n = redis.pcall('HGET', KEYS[3], 'consecutive_failures')
-  if type(n) == 'string' and n ~= '0' then
-    redis.pcall('HSET', KEYS[3], 'consecutive_failures', '0')
-  end
+elseif ARGV[8] == 'reset' and st and st[2] and st[2] ~= '0' then
+  redis.pcall('HSET', KEYS[3], 'consecutive_failures', '0')
 end
 if #failed > 0 then
   return {'partial', marked, stale, unpack(failed)}
 end
--- Whether the task is in its scope's index yet (Lease.index: once per task). Read with
--- pcall: a refusal here must not turn a finished run into a partial one.
-local indexed = redis.pcall('HGET', KEYS[3], 'indexed')
-if type(indexed) ~= 'string' then
-  indexed = type(indexed) == 'table' and '?' or ''
-end
-return {'ok', marked, stale, indexed, paused}
+-- Whether the task is in its scope's index yet (Lease.index: once per task).
+local indexed = st and st[3] or (st and '' or '?')
+return 'ok ' .. marked .. ' ' .. stale .. ' ' .. indexed .. ' ' .. paused
 """
 
 # `cron-runner unlock`, the admin escape hatch. KEYS: lease, runs   ARGV: holder ('' deletes
@@ -468,29 +488,59 @@ class Script:
         self.sha = hashlib.sha1(source.encode()).hexdigest()  # noqa: S324 - Redis names scripts by SHA-1
 
     def __call__(self, client: ScriptClient, keys: Sequence[str], args: Sequence[Any]) -> Any:
+        return self.run(client, len(keys), [*keys, *args])
+
+    def run(self, client: ScriptClient, numkeys: int, keys_and_args: list[Any]) -> Any:
+        """The lease's hot path: the caller builds one list of keys and arguments."""
+        if type(client) is Redis and client.connection is None:
+            try:
+                return _direct(client, "EVALSHA", self.sha, numkeys, *keys_and_args)
+            except NoScriptError:
+                return _direct(client, "EVAL", self.source, numkeys, *keys_and_args)
         try:
-            return client.evalsha(self.sha, len(keys), *keys, *args)
+            return client.evalsha(self.sha, numkeys, *keys_and_args)
         except NoScriptError:
-            return client.eval(self.source, len(keys), *keys, *args)
+            return client.eval(self.source, numkeys, *keys_and_args)
+
+
+# redis-py 5.3 deprecated get_connection's arguments, which 5.2 requires.
+_GET_CONNECTION_ARGS: tuple[str, ...] = () if REDIS_VERSION >= (5, 3) else ("EVALSHA",)
+
+
+def _direct(client: Redis, *command: Any) -> Any:
+    """One command on a pooled connection of a plain ``redis.Redis`` (standalone or a
+    sentinel's primary), without the client's per-command machinery: its retry wrapper and
+    response callbacks (EVAL has none) cost a run's two scripts more client CPU than their
+    packing and parsing (bench/README.md). The connection still checks its health and
+    disconnects itself on a socket error; runner.lease.store retries. A Cluster client, or one
+    on a single connection, goes through ``evalsha`` as before."""
+    pool = client.connection_pool
+    conn = pool.get_connection(*_GET_CONNECTION_ARGS)
+    try:
+        conn.send_command(*command)
+        return conn.read_response()
+    finally:
+        pool.release(conn)
 
 
 SCRIPTS = {
     name: Script(src) for name, src in [("acquire", ACQUIRE), ("renew", RENEW), ("finish", FINISH)]
 }
+_ACQUIRE, _RENEW, _FINISH = SCRIPTS["acquire"], SCRIPTS["renew"], SCRIPTS["finish"]
 # Not among the run's scripts: only an admin's unlock loads it.
 UNLOCK_SCRIPT = Script(UNLOCK)
 
 
-@dataclass(frozen=True)
-class Acquired:
+# The results are named tuples, not frozen dataclasses: a CronJob pod imports this module at
+# every start, where a frozen dataclass costs about 1 ms to create, a named tuple 0.2.
+class Acquired(NamedTuple):
     fence: int
     # Catch-up candidates the script found unrun (no marker with a holder, none skipped), as
     # they were given: oldest first.
     unrun: tuple[int, ...] = ()
 
 
-@dataclass(frozen=True)
-class Held:
+class Held(NamedTuple):
     token: str
     ttl_ms: int
     # Why this reply did not give the lease: '' (held), SUPERSEDED, BUFFERED, PREEMPTING, GAVE_UP.
@@ -505,14 +555,12 @@ class Held:
         return slot_of(self.token)
 
 
-@dataclass(frozen=True)
-class SlotDone:
+class SlotDone(NamedTuple):
     holder: str
     finished_at: float | None
 
 
-@dataclass(frozen=True)
-class Paused:
+class Paused(NamedTuple):
     """The task is paused (``cron-runner pause``, or after consecutive failures)."""
 
     note: str
@@ -524,8 +572,7 @@ class Paused:
 AcquireResult = Acquired | Held | SlotDone | Paused
 
 
-@dataclass(frozen=True)
-class Finished:
+class Finished(NamedTuple):
     """What a finish script left: the state hash unwritten because a newer fence wrote it, and
     whether this failure paused the task (pause after consecutive failures)."""
 
@@ -543,7 +590,8 @@ def new_token(holder_id: str, slot: int | None = None) -> str:
     a dot), so `status`, `serve` and the watchdog can tell how long it has run without a write
     of its own; a token without the dot (b170e33's) has no start time.
     """
-    token = f"{holder_id}:{int(clock.wall() * 1000):x}.{secrets.token_hex(8)}"
+    # os.urandom is what secrets.token_hex reads; the secrets module costs every start 0.4 ms.
+    token = f"{holder_id}:{int(clock.wall() * 1000):x}.{os.urandom(8).hex()}"
     return token if slot is None else f"{token}/{slot}"
 
 
@@ -593,12 +641,17 @@ def _as_str(value: Any) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
 
 
-def _flatten(fields: Fields | None) -> list[str]:
-    items = list((fields or {}).items())
-    out = [str(len(items))]
-    for name, value in items:
-        out += [name, str(value)]
-    return out
+def status_of(reply: Any) -> list[str]:
+    """A finish script's reply as strings: its one space-separated string, or its table."""
+    if isinstance(reply, str | bytes):
+        return _as_str(reply).split(" ")
+    return [_as_str(x) for x in reply]
+
+
+def _add_pairs(out: list[Any], fields: Fields) -> None:
+    for name, value in fields.items():
+        out.append(name)
+        out.append(value if type(value) is str else str(value))
 
 
 def finish(
@@ -612,27 +665,34 @@ def finish(
     fence: str | int | float,
     record: Fields,
     state: Fields,
-    marker: Fields | None = None,
+    marker: tuple[str, str, Fields] | None = None,
     slot: int | None = None,
     shown: bool = False,
     keep: bool = False,
     failures: str = "",
     pause_after_failures: int = 0,
     holder: str = "",
-) -> Any:
+) -> list[str]:
     """One call of the finish script (FINISH: its keys and arguments are laid out here only),
-    its raw reply. ``token=''`` records without a lease; ``slot`` writes ``marker`` on its
-    marker; ``shown``: the task's lease shows this allow-other-slots run."""
-    script_keys = [lease_key, keys.runs, keys.state, keys.meta]
+    its reply as strings (status_of). ``token=''`` records without a lease; ``slot`` writes
+    ``marker`` (holder, finished_at, other fields) on its marker; ``shown``: the task's lease
+    shows this allow-other-slots run."""
+    call: list[Any] = [lease_key, keys.runs, keys.state, keys.meta]
     if slot is not None:
-        script_keys.append(keys.slot(slot))
+        call.append(keys.slot(slot))
     if shown:
-        script_keys.append(keys.lease)
-    args = [token, runs_maxlen, retention_ms, fence, "1" if keep else "",
-            "1" if slot is not None else "", "1" if shown else "", failures,
-            pause_after_failures, holder, PROTOCOL_MIN_OVERLAP]  # fmt: skip
-    args += _flatten(record) + _flatten(state) + _flatten(marker)
-    return SCRIPTS["finish"](client, script_keys, args)
+        call.append(keys.lease)
+    numkeys = len(call)
+    call += (token, runs_maxlen, retention_ms, fence, "1" if keep else "",
+             "1" if slot is not None else "", "1" if shown else "", failures,
+             pause_after_failures, holder, PROTOCOL_MIN_OVERLAP, len(record), len(state))  # fmt: skip
+    _add_pairs(call, record)
+    _add_pairs(call, state)
+    if marker is not None:
+        marker_holder, finished_at, extra = marker
+        call += (marker_holder, finished_at)
+        _add_pairs(call, extra)
+    return status_of(_FINISH.run(client, numkeys, call))
 
 
 def _seconds_or_none(value: Any) -> float | None:
@@ -655,6 +715,9 @@ class Lease:
     has none is kept, and buffer-one's record of the newest slot. ``pause_after_failures``:
     pause the task after this many consecutive failures (0: never).
     """
+
+    # False: the state hash is written unfenced (a queue job's lease: runner.queue.jobs).
+    fenced_state = True
 
     def __init__(
         self,
@@ -711,9 +774,10 @@ class Lease:
             return self.keys.slot_lease(slot)
         return self.keys.lease
 
-    def _aux_key(self, policy: str) -> str | None:
-        return {"buffer": self.keys.buffer, "replace": self.keys.preempt,
-                "slots": self.keys.lease}.get(policy)  # fmt: skip
+    def _aux_key(self, policy: str) -> str:
+        if policy == "buffer":
+            return self.keys.buffer
+        return self.keys.preempt if policy == "replace" else self.keys.lease
 
     def acquire(
         self,
@@ -732,31 +796,36 @@ class Lease:
         the script adds ``outcome`` and ``error``.
         """
         policy = self._policy(slot)
-        keys = [self._lease_key(slot), self.keys.fence, self.keys.meta, self.keys.runs]
+        keys = self.keys
+        call: list[Any] = [self._lease_key(slot), keys.fence, keys.meta, keys.runs]
         if slot is not None:
-            keys.append(self.keys.slot(slot))
-        aux = self._aux_key(policy)
-        if aux is not None:
-            keys.append(aux)
-        keys += [self.keys.slot(s) for s in catch_up]
+            call.append(keys.slot(slot))
+        if policy:
+            call.append(self._aux_key(policy))
+        call += [keys.slot(s) for s in catch_up]
+        numkeys = len(call)
         # buffer-one's key outlives any wait: it tells an older slot that a newer one came.
         aux_ms = self.skip_ttl_ms if policy == "buffer" else self.aux_ms
-        args: list[Any] = [
+        call += (
             self.token, self.ttl_ms, PROTOCOL, self.protocol_min, self.definition,
             "1" if self.redefine else "", policy, "" if slot is None else slot, aux_ms,
             self.skip_ttl_ms, "1" if final else "", self.runs_maxlen, len(catch_up), *catch_up,
-        ]  # fmt: skip
+        )  # fmt: skip
         if skip_record is None:
-            skip_record = {"slot": "" if slot is None else slot, "holder": self.holder,
-                           "fence": 0, "exit_code": 0, "started_at": f"{clock.wall():.3f}"}  # fmt: skip
-        for name, value in skip_record.items():
-            args += [name, str(value)]
-        reply = SCRIPTS["acquire"](self.client, keys, args)
+            call += ("slot", "" if slot is None else slot, "holder", self.holder, "fence", 0,
+                     "exit_code", 0, "started_at", f"{clock.wall():.3f}")  # fmt: skip
+        else:
+            _add_pairs(call, skip_record)
+        reply = _ACQUIRE.run(self.client, numkeys, call)
+        if type(reply) is int:
+            self.fence = reply
+            self.slot = slot
+            return Acquired(reply)
         kind = _as_str(reply[0])
         if kind == "acquired":
             self.fence = int(reply[1])
             self.slot = slot
-            return Acquired(fence=self.fence, unrun=tuple(int(_as_str(s)) for s in reply[2:]))
+            return Acquired(self.fence, tuple(int(_as_str(s)) for s in reply[2:]))
         if kind == "held":
             return Held(token=_as_str(reply[1]), ttl_ms=int(reply[2]), note=_as_str(reply[3]))
         if kind == "protocol":
@@ -809,18 +878,19 @@ class Lease:
         without the task's success (replaced), which neither counts as a failure nor ends a
         count of them.
         """
-        full_marker = {
-            "holder": self.holder,
-            "finished_at": f"{clock.wall():.3f}",
-            **(marker or {}),
-            "token": self.token,
-        }
+        extra = dict(marker or ())
+        extra.pop("token", None)  # always this lease's own
+        # Each default is worked out only when the caller did not give it.
+        holder = str(extra.pop("holder")) if "holder" in extra else self.holder
+        finished_at = (
+            str(extra.pop("finished_at")) if "finished_at" in extra else f"{clock.wall():.3f}"
+        )
         return self._finish(
             "complete",
             slot,
             record,
             state,
-            full_marker,
+            (holder, finished_at, extra),
             token=self.token,
             retention_ms=retention_ms,
             keep=keep_lease,
@@ -850,7 +920,7 @@ class Lease:
         slot: int | None,
         record: Fields,
         state: Fields,
-        marker: Fields | None,
+        marker: tuple[str, str, Fields] | None,
         *,
         token: str,
         fenced: bool = True,
@@ -860,8 +930,8 @@ class Lease:
     ) -> Finished:
         retention_ms = self.retention_ms if retention_ms is None else retention_ms
         # The state hash takes the fence of the state written, else this lease's own.
-        fence = state.get("last_fence", self.fence) if fenced else ""
-        reply = finish(
+        fence = state.get("last_fence", self.fence) if fenced and self.fenced_state else ""
+        status = finish(
             self.client,
             self.keys,
             lease_key=self._lease_key(self.slot),
@@ -879,14 +949,13 @@ class Lease:
             pause_after_failures=self.pause_after_failures,
             holder=self.holder,
         )
-        self._check_owner(operation, reply)
-        marked, stale = _as_str(reply[1]), _as_str(reply[2]) == "1"
-        if _as_str(reply[0]) == "partial":
-            failed = [_as_str(x) for x in reply[3:]]
-            raise FinishIncomplete(operation, failed, marked, slot, retention_ms)
+        self._check_owner(operation, status)
+        marked, stale = status[1], len(status) > 2 and status[2] == "1"
+        if status[0] == "partial":
+            raise FinishIncomplete(operation, status[3:], marked, slot, retention_ms)
         # A retried complete answers without the fourth field: its first try indexed the task.
         # Only a run that writes the state hash makes the task known (not a too_late record).
-        if self.indexed and state and len(reply) > 3 and not _as_str(reply[3]):
+        if self.indexed and state and len(status) > 3 and not status[3]:
             try:
                 self.index()
             except RedisError as exc:  # the run is over and recorded: only `status` misses it
@@ -896,7 +965,7 @@ class Lease:
                     "without +scan will not list it (the ACL needs +sadd)",
                     extra={"event": "index_failed", "task": self.keys.task},
                 )
-        return Finished(stale_state=stale, paused=len(reply) > 4 and _as_str(reply[4]) == "paused")
+        return Finished(stale, len(status) > 4 and status[4] == "paused")
 
     def index(self) -> None:
         """Add the task to its scope's index, then mark it so in its state hash: once per

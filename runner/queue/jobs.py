@@ -35,8 +35,6 @@ from runner.lease.scripts import (
     SUPERSEDED,
     Acquired,
     AcquireResult,
-    Fields,
-    Finished,
     Held,
     Lease,
     Paused,
@@ -70,6 +68,7 @@ class JobLease(Lease):
     keep this job's outcome out of the state forever (runner.lease.journal).
     """
 
+    fenced_state = False
     preempted: Preempted | None = None
     on_preempted: Callable[[Preempted], None] | None = None
 
@@ -81,25 +80,6 @@ class JobLease(Lease):
                 self.preempted = exc
                 if self.on_preempted is not None:
                     self.on_preempted(exc)
-
-    def _finish(
-        self,
-        operation: str,
-        slot: int | None,
-        record: Fields,
-        state: Fields,
-        marker: Fields | None,
-        *,
-        token: str,
-        fenced: bool = True,
-        retention_ms: int | None = None,
-        keep: bool = False,
-        failures: str = "",
-    ) -> Finished:
-        return super()._finish(
-            operation, slot, record, state, marker, token=token, fenced=False,
-            retention_ms=retention_ms, keep=keep, failures=failures,
-        )  # fmt: skip
 
 
 class Run(NamedTuple):

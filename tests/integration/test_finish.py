@@ -59,7 +59,7 @@ def _refuse(command: str) -> Callable[[redis.Redis, int], None]:
 
 BREAKS: dict[str, Callable[[redis.Redis, int], None]] = {
     # Every write command the finish uses, refused to the ACL user while the task runs ...
-    **{f"-{cmd}": _refuse(cmd) for cmd in ("hset", "pexpire", "del", "xadd", "hget", "get")},
+    **{f"-{cmd}": _refuse(cmd) for cmd in ("hset", "pexpire", "del", "xadd", "hmget", "get")},
     # ... and each key it writes, of the wrong type.
     "runs-wrong-type": lambda r, _slot: _wrong_type(r, f"{BASE}:runs"),
     "state-wrong-type": lambda r, _slot: _wrong_type(r, f"{BASE}:state"),
