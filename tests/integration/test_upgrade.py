@@ -2,7 +2,8 @@
 own venv) and this one share a Redis, started together for 20 slots, each side first in turn. Exactly one side effect per slot, and the ``status`` and ``history`` of each read
 the other's records. With an overlap policy other than skip (issue 17), this release raises the
 task's protocol minimum to 3: bf4bd60 refuses (78) and runs nothing; b170e33, which reads no
-minimum, still never runs a slot twice beside it.
+minimum, still never runs a slot twice beside it; 0373222, protocol 3 before the lease scripts
+were rewritten for speed, runs the policy beside it.
 
 Slots come from CRON_RUNNER_JOB_NAME (runner/schedule/slots.py), 20 recent minutes, so the test
 needs no real minutes to pass. Each old release is built once per test session."""
@@ -28,8 +29,11 @@ from tests.helpers.proc import CRON_RUNNER, ROOT, events, runner_env
 from tests.helpers.wait import wait_for
 
 # b170e33: before the protocol version (issue 11); bf4bd60: the last commit before the package
-# layout of issue 15, whose keys, scripts and records the restructured runner must share.
-PREVIOUS_RELEASES = ("b170e33", "bf4bd60")
+# layout of issue 15, whose keys, scripts and records the restructured runner must share;
+# 0373222: protocol 3 (issue 17) with the lease scripts before their rewrite for speed.
+PREVIOUS_RELEASES = ("b170e33", "bf4bd60", "0373222")
+# The previous releases that speak protocol 3: they know the overlap policies.
+PROTOCOL_3 = ("0373222",)
 LEASE_KEY = "cron-runner:{default:mixed}:lease"
 pytestmark = pytest.mark.upgrade
 
@@ -206,7 +210,8 @@ def test_with_an_overlap_policy_the_previous_runner_is_refused_or_never_runs_a_s
         order = ["new", "old"] if i % 2 == 0 else ["old", "new"]
         procs = {}
         for side in order:
-            extra = {"CRON_RUNNER_OVERLAP": overlap} if side == "new" else {}
+            knows = side == "new" or speaks_protocol_3(previous_runner)
+            extra = {"CRON_RUNNER_OVERLAP": overlap} if knows else {}
             procs[side] = _start(sides[side], ["exec", "--name", "mixed", "--holder",
                                                f"pod-{side}", "--", *command],
                                  _env(redis_server.url, CRON_RUNNER_JOB_NAME=job, SIDE=side,
@@ -219,7 +224,8 @@ def test_with_an_overlap_policy_the_previous_runner_is_refused_or_never_runs_a_s
             assert "Traceback" not in stderr, stderr
             done = [e["outcome"] for e in events(stderr) if e.get("outcome") is not None]
             outcomes[side].append((done[-1] if done else None, proc.returncode))
-            if side == "old" and previous_runner_checks_protocol(previous_runner):
+            refused = previous_runner_checks_protocol(previous_runner)
+            if side == "old" and refused and not speaks_protocol_3(previous_runner):
                 assert proc.returncode == ConfigError.exit_code, stderr
                 assert "needing protocol 3" in stderr, stderr
 
@@ -229,7 +235,12 @@ def test_with_an_overlap_policy_the_previous_runner_is_refused_or_never_runs_a_s
         by_job.setdefault(job, []).append(side)
     assert all(len(ran) == 1 for ran in by_job.values()), by_job
     assert client.hget("cron-runner:{default:mixed}:meta", "protocol_min") == "3"
-    if previous_runner_checks_protocol(previous_runner):
+    if speaks_protocol_3(previous_runner):
+        # Both speak the policy: they share the lease and the markers, each slot runs once.
+        assert len(by_job) == 6
+        for got, code in outcomes["old"] + outcomes["new"]:
+            assert (got, code) in {("ran", 0), ("skipped_held", 0), ("skipped_done", 0)}
+    elif previous_runner_checks_protocol(previous_runner):
         # Refused every time: the old runner never ran a slot, the new one ran them all.
         assert {ran[0] for ran in by_job.values()} == {"new"}
         assert len(by_job) == 6
@@ -242,4 +253,8 @@ def test_with_an_overlap_policy_the_previous_runner_is_refused_or_never_runs_a_s
 
 def previous_runner_checks_protocol(binary: str) -> bool:
     """bf4bd60 checks the task's protocol minimum (protocol 2); b170e33 predates it."""
-    return "bf4bd60" in binary
+    return "b170e33" not in binary
+
+
+def speaks_protocol_3(binary: str) -> bool:
+    return any(release in binary for release in PROTOCOL_3)
