@@ -13,7 +13,7 @@ never do.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from typing import Any
 
 import yaml
@@ -285,14 +285,13 @@ def _pod(task: Doc, pod: _Fields, entrypoint: Sequence[str], cmd: Sequence[str])
     task["initContainers"] = pod.take("initContainers", list) or []
     secrets = pod.take("imagePullSecrets", list) or []
 
-    volumes = pod.take("volumes", list) or []
-    for i, volume in enumerate(volumes):
-        if isinstance(volume, Mapping) and volume.get("name") in CHART_VOLUMES:
-            raise Refused(
-                f"{pod.where}.volumes[{i}].name: {volume['name']!r} is the chart's own volume; "
-                "rename it (and its mounts)"
-            )
-    task["extraVolumes"] = volumes
+    task["extraVolumes"] = _none_of_the_charts(
+        f"{pod.where}.volumes",
+        pod.take("volumes", list) or [],
+        "name",
+        CHART_VOLUMES,
+        " is the chart's own volume; rename it (and its mounts)",
+    )
     containers = pod.required("containers", list)
     if not containers:
         raise Refused(f"{pod.where}.containers: empty: a CronJob needs a container to run")
@@ -340,15 +339,24 @@ def _container(
         task["envFrom"] = env_from
     task["resources"] = c.take("resources", Mapping) or {}
     task["securityContext"] = c.take("securityContext", Mapping) or {}
-    mounts = c.take("volumeMounts", list) or []
-    for i, mount in enumerate(mounts):
-        if isinstance(mount, Mapping) and mount.get("mountPath") in CHART_MOUNT_PATHS:
-            raise Refused(
-                f"{where}.volumeMounts[{i}].mountPath: {mount['mountPath']!r}: the chart mounts its "
-                "own volume there"
-            )
-    task["extraVolumeMounts"] = mounts
+    task["extraVolumeMounts"] = _none_of_the_charts(
+        f"{where}.volumeMounts",
+        c.take("volumeMounts", list) or [],
+        "mountPath",
+        CHART_MOUNT_PATHS,
+        ": the chart mounts its own volume there",
+    )
     c.done()
+
+
+def _none_of_the_charts(
+    where: str, items: list[Any], field: str, charts: Collection[str], why: str
+) -> list[Any]:
+    """``items``, refused if one's ``field`` is a name or path the chart uses itself."""
+    for i, item in enumerate(items):
+        if isinstance(item, Mapping) and item.get(field) in charts:
+            raise Refused(f"{where}[{i}].{field}: {item[field]!r}{why}")
+    return items
 
 
 def _image(where: str, reference: str) -> Doc:
