@@ -21,8 +21,8 @@ from tests.helpers.proc import (
     events,
     outcome,
     runner_env,
-    side_effects,
     spawn,
+    spawn_started,
 )
 from tests.helpers.wait import wait_for
 
@@ -39,14 +39,21 @@ def _group_alive(pgid: int) -> bool:
     return any(s and not s.startswith("Z") for s in out.split())
 
 
+def _shell(name: str, script: str, env: dict[str, str], pidfile: Path) -> subprocess.Popen[str]:
+    """``exec`` of ``sh -c script``, once the shell has written its pid (its group's id, as the
+    command has a group of its own) to ``pidfile``."""
+    proc = spawn(["exec", "--name", name, "--", "sh", "-c", script], env)
+    wait_for(lambda: pidfile.exists() and pidfile.read_text().strip(), what="child start")
+    return proc
+
+
 def test_sigterm_command_ignoring_it_is_killed_after_grace(
     redis_server: RedisServer, r: redis.Redis, tmp_path: Path
 ) -> None:
     pidfile = tmp_path / "child.pid"
     script = f"trap '' TERM; echo $$ > {pidfile}; sleep 60 & sleep 60 & wait"
     env = runner_env(redis_server.url, CRON_RUNNER_SHUTDOWN_GRACE="1s")
-    proc = spawn(["exec", "--name", "stubborn", "--", "sh", "-c", script], env)
-    wait_for(lambda: pidfile.exists() and pidfile.read_text().strip(), what="child start")
+    proc = _shell("stubborn", script, env, pidfile)
     child_pgid = int(pidfile.read_text())
     sent = time.monotonic()
     proc.send_signal(signal.SIGTERM)
@@ -68,8 +75,7 @@ def test_members_of_the_group_killed_with_it_are_not_reported_as_left_outside(
     pidfile = tmp_path / "child.pid"
     script = f"trap '' TERM; echo $$ > {pidfile}; sleep 60 & sleep 60 & wait"
     env = runner_env(redis_server.url, CRON_RUNNER_SHUTDOWN_GRACE="1s")
-    proc = spawn(["exec", "--name", "grouped", "--", "sh", "-c", script], env)
-    wait_for(lambda: pidfile.exists() and pidfile.read_text().strip(), what="child start")
+    proc = _shell("grouped", script, env, pidfile)
     proc.send_signal(signal.SIGTERM)
     _, stderr = proc.communicate(timeout=30)
     assert proc.returncode == Terminated.exit_code, stderr
@@ -116,8 +122,7 @@ def test_python_task_ignoring_cancel_exits_143_without_release(
         CRON_RUNNER_SHUTDOWN_GRACE="1s",
         TASK_SECONDS="60",
     )
-    proc = spawn(["run", "stubborn"], env)
-    wait_for(lambda: side_effects(effects, "start"), what="task start")
+    proc = spawn_started(["run", "stubborn"], env, effects)
     proc.send_signal(signal.SIGTERM)
     _, stderr = proc.communicate(timeout=30)
     assert proc.returncode == 143, stderr
@@ -223,8 +228,7 @@ def test_other_stop_signals_stop_the_command_and_release_like_sigterm(
     pidfile = tmp_path / "child.pid"
     script = f"echo $$ > {pidfile}; sleep 60 & wait"
     env = runner_env(redis_server.url, CRON_RUNNER_SHUTDOWN_GRACE="2s")
-    proc = spawn(["exec", "--name", "sig", "--", "sh", "-c", script], env)
-    wait_for(lambda: pidfile.exists() and pidfile.read_text().strip(), what="child start")
+    proc = _shell("sig", script, env, pidfile)
     child_pgid = int(pidfile.read_text())
     proc.send_signal(getattr(signal, sig))
     _, stderr = proc.communicate(timeout=30)
