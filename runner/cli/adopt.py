@@ -13,7 +13,7 @@ never do.
 from __future__ import annotations
 
 import re
-from collections.abc import Collection, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 import yaml
@@ -53,6 +53,11 @@ SERVER_DEFAULTS: Doc = {
 }
 CHART_VOLUMES = {"tmp", "cron-runner", "redis-tls"}
 CHART_MOUNT_PATHS = {"/tmp", "/cron-runner"}  # noqa: S108 - the chart's mounts, not files
+# A list of the pod spec -> the field that names an item, the chart's own, and why not.
+CHARTS_OWN: dict[str, tuple[str, set[str], str]] = {
+    "volumes": ("name", CHART_VOLUMES, " is the chart's own volume; rename it (and its mounts)"),
+    "volumeMounts": ("mountPath", CHART_MOUNT_PATHS, ": the chart mounts its own volume there"),
+}
 # The labels the chart gives every task pod, which select them; a pod label may not replace them.
 CHART_POD_LABELS = {
     "app.kubernetes.io/name",
@@ -285,13 +290,7 @@ def _pod(task: Doc, pod: _Fields, entrypoint: Sequence[str], cmd: Sequence[str])
     task["initContainers"] = pod.take("initContainers", list) or []
     secrets = pod.take("imagePullSecrets", list) or []
 
-    task["extraVolumes"] = _none_of_the_charts(
-        f"{pod.where}.volumes",
-        pod.take("volumes", list) or [],
-        "name",
-        CHART_VOLUMES,
-        " is the chart's own volume; rename it (and its mounts)",
-    )
+    task["extraVolumes"] = _none_of_the_charts(pod, "volumes")
     containers = pod.required("containers", list)
     if not containers:
         raise Refused(f"{pod.where}.containers: empty: a CronJob needs a container to run")
@@ -339,23 +338,18 @@ def _container(
         task["envFrom"] = env_from
     task["resources"] = c.take("resources", Mapping) or {}
     task["securityContext"] = c.take("securityContext", Mapping) or {}
-    task["extraVolumeMounts"] = _none_of_the_charts(
-        f"{where}.volumeMounts",
-        c.take("volumeMounts", list) or [],
-        "mountPath",
-        CHART_MOUNT_PATHS,
-        ": the chart mounts its own volume there",
-    )
+    task["extraVolumeMounts"] = _none_of_the_charts(c, "volumeMounts")
     c.done()
 
 
-def _none_of_the_charts(
-    where: str, items: list[Any], field: str, charts: Collection[str], why: str
-) -> list[Any]:
-    """``items``, refused if one's ``field`` is a name or path the chart uses itself."""
+def _none_of_the_charts(fields: _Fields, name: str) -> list[Any]:
+    """The list ``name`` of ``fields`` (a pod's volumes, a container's mounts), refused if an
+    item takes a name or path that the chart gives its own."""
+    field, charts, why = CHARTS_OWN[name]
+    items = fields.take(name, list) or []
     for i, item in enumerate(items):
         if isinstance(item, Mapping) and item.get(field) in charts:
-            raise Refused(f"{where}[{i}].{field}: {item[field]!r}{why}")
+            raise Refused(f"{fields.where}.{name}[{i}].{field}: {item[field]!r}{why}")
     return items
 
 
