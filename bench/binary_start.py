@@ -23,11 +23,11 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
-import subprocess
 import sys
 import sysconfig
-import time
 from pathlib import Path
+
+from alternating import in_turns, timed_run
 
 
 def size_mb(path: Path) -> float:
@@ -48,26 +48,11 @@ def python_install_size_mb() -> float:
     return sum(size_mb(p) for p in paths if p.exists())
 
 
-def timed_run(command: list[str], env: dict[str, str]) -> float:
-    started = time.perf_counter()
-    done = subprocess.run(command, env=env, capture_output=True, check=False)
-    elapsed_s = time.perf_counter() - started
-    if done.returncode != 0:
-        raise SystemExit(f"{command[0]} exited {done.returncode}: {done.stderr.decode()[-500:]}")
-    return elapsed_s
-
-
 def measure(commands: dict[str, list[str]], url: str, runs: int) -> dict[str, list[float]]:
     env = {**os.environ, "CRON_RUNNER_REDIS_URL": url}
     for command in commands.values():
         timed_run(command, env)
-    samples: dict[str, list[float]] = {label: [] for label in commands}
-    labels = list(commands)
-    for run_no in range(runs):
-        shift = run_no % len(labels)
-        for label in labels[shift:] + labels[:shift]:
-            samples[label].append(timed_run(commands[label], env))
-    return samples
+    return in_turns(list(commands), runs, lambda label: timed_run(commands[label], env))
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -20,6 +20,8 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+from alternating import in_turns, timed_run
+
 from runner.testing import RedisServer
 
 NOT_READY = 2
@@ -54,17 +56,6 @@ def wait_until_ready(wait_s: float) -> str | None:
         time.sleep(min(10.0, max(0.0, deadline - time.monotonic())))
 
 
-def timed_run(command: list[str], env: dict[str, str]) -> float:
-    started = time.perf_counter()
-    done = subprocess.run(command, env=env, capture_output=True, check=False)
-    elapsed_s = time.perf_counter() - started
-    if done.returncode != 0:
-        raise RuntimeError(
-            f"{' '.join(command)} exited {done.returncode}:\n{done.stderr.decode(errors='replace')}"
-        )
-    return elapsed_s
-
-
 def import_times(binary: str, env: dict[str, str], top: int) -> Iterator[str]:
     """The slowest imports of one runner start, cumulative, from ``-X importtime``."""
     command = [sys.executable, "-X", "importtime", binary, "exec", "--name", "x", "--", "true"]
@@ -91,13 +82,7 @@ def measure(binary: str, url: str, runs: int) -> dict[str, list[float]]:
             timed_run(command, env)
         except RuntimeError as exc:
             raise NotReady(f"the untimed first run of `{label}` failed: {exc}") from exc
-    times_s: dict[str, list[float]] = {label: [] for label in commands}
-    labels = list(commands)
-    for run_no in range(runs):
-        shift = run_no % len(labels)
-        for label in labels[shift:] + labels[:shift]:
-            times_s[label].append(timed_run(commands[label], env))
-    return times_s
+    return in_turns(list(commands), runs, lambda label: timed_run(commands[label], env))
 
 
 def main(argv: list[str] | None = None) -> int:

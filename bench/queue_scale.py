@@ -42,7 +42,8 @@ import sys
 import tempfile
 import time
 from collections import defaultdict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, cast
@@ -163,6 +164,27 @@ def _wait(predicate: Callable[[], bool], timeout_s: float, what: str) -> None:
         time.sleep(0.05)
 
 
+def _tally(result: Result, r: redis.Redis, killed: set[int], first_ms: int) -> None:
+    """What the jobs left in DONE, and Redis's peak memory, once the run is over."""
+    _analyse(result, cast(list[bytes], r.lrange(DONE, 0, -1)), killed, first_ms)
+    result.memory_peak_bytes = _memory(r)[1]
+
+
+@contextmanager
+def _workers(
+    result: Result, r: redis.Redis, commands: list[list[str]], env: dict[str, str]
+) -> Iterator[Workers]:
+    """The worker processes, stopped at the end; then Redis's memory once DONE is deleted."""
+    pool = Workers(commands, env)
+    try:
+        yield pool
+    finally:
+        pool.stop()
+    r.delete(DONE)
+    result.memory_after_bytes = _memory(r)[0]
+    r.connection_pool.disconnect()
+
+
 def _analyse(result: Result, lines: list[bytes], killed: set[int], first_enqueue_ms: int) -> None:
     runs: dict[int, list[int]] = defaultdict(list)
     latencies = []
@@ -232,8 +254,8 @@ def run_cron_runner(
             CRON_RUNNER_SHUTDOWN_GRACE="5s",
         )
         command = [str(BIN / "cron-runner"), "worker", "--threads", str(threads)]
-        pool = Workers([[*command, "--holder", f"w{n}"] for n in range(workers)], env)
-        try:
+        argvs = [[*command, "--holder", f"w{n}"] for n in range(workers)]
+        with _workers(result, r, argvs, env) as pool:
             _wait(lambda: int(cast(int, r.zcard(f"{NAMESPACE}:__heartbeats__"))) >= workers,
                   30, "the workers to start")  # fmt: skip
             result.memory_before_bytes = _memory(r)[0]
@@ -275,14 +297,7 @@ def run_cron_runner(
                 result.drained = True
             except TimeoutError:
                 result.drained = False
-            lines = cast(list[bytes], r.lrange(DONE, 0, -1))
-            _analyse(result, lines, set(killed), first_ms)
-            result.memory_peak_bytes = _memory(r)[1]
-        finally:
-            pool.stop()
-        r.delete(DONE)
-        result.memory_after_bytes = _memory(r)[0]
-        r.connection_pool.disconnect()
+            _tally(result, r, set(killed), first_ms)
     result.notes = (f"{workers} `cron-runner worker` processes x {threads} threads; heartbeat "
                     "timeout 2s, maintenance 5%")  # fmt: skip
     return result
@@ -299,8 +314,8 @@ def run_rq(jobs: int, workers: int, kill: int, kill_at: float, worker_class: str
         env = _env(server.url)
         command = [str(BIN / "rq"), "worker", "--url", server.url, "--path", str(ROOT / "bench"),
                    "--worker-class", worker_class, "--logging_level", "WARNING", RQ_QUEUE]  # fmt: skip
-        pool = Workers([[*command, "--name", f"rq{n}"] for n in range(workers)], env)
-        try:
+        argvs = [[*command, "--name", f"rq{n}"] for n in range(workers)]
+        with _workers(result, r, argvs, env) as pool:
             _wait(lambda: int(cast(int, r.scard("rq:workers"))) >= workers, 30, "the RQ workers")
             result.memory_before_bytes = _memory(r)[0]
             queue = Queue(RQ_QUEUE, connection=r)
@@ -331,14 +346,7 @@ def run_rq(jobs: int, workers: int, kill: int, kill_at: float, worker_class: str
             result.left_in_queue = {"ready": queue.count,
                                     "started_registry": len(queue.started_job_registry)}  # fmt: skip
             result.drained = queue.count == 0
-            lines = cast(list[bytes], r.lrange(DONE, 0, -1))
-            _analyse(result, lines, set(result.killed_pids), first_ms)
-            result.memory_peak_bytes = _memory(r)[1]
-        finally:
-            pool.stop()
-        r.delete(DONE)
-        result.memory_after_bytes = _memory(r)[0]
-        r.connection_pool.disconnect()
+            _tally(result, r, set(result.killed_pids), first_ms)
     result.notes = (f"{workers} `rq worker` processes ({worker_class}), one job at a time each; "
                     "killed workers' jobs are not re-delivered")  # fmt: skip
     return result

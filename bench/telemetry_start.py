@@ -20,8 +20,9 @@ import os
 import statistics
 import subprocess
 import sys
-import time
 from pathlib import Path
+
+from alternating import in_turns, timed_run
 
 from runner.testing import RedisServer
 from tests.helpers.otlp import OtlpReceiver
@@ -32,15 +33,6 @@ PROBE = (
     "print(sum(m.startswith('opentelemetry') for m in sys.modules), file=sys.__stdout__); "
     "sys.exit(code)"
 )
-
-
-def timed(command: list[str], env: dict[str, str]) -> float:
-    started = time.perf_counter()
-    done = subprocess.run(command, env=env, capture_output=True, check=False)
-    elapsed_s = time.perf_counter() - started
-    if done.returncode != 0:
-        raise RuntimeError(f"{command} exited {done.returncode}: {done.stderr.decode()[-500:]}")
-    return elapsed_s
 
 
 def otel_modules(python: str, env: dict[str, str]) -> int:
@@ -82,13 +74,8 @@ def main(argv: list[str] | None = None) -> int:
             for label, (bin_dir, env) in cases.items()
         }
         for command, env in commands.values():
-            timed(command, env)
-        samples: dict[str, list[float]] = {label: [] for label in commands}
-        labels = list(commands)
-        for run_no in range(args.runs):
-            shift = run_no % len(labels)
-            for label in labels[shift:] + labels[:shift]:
-                samples[label].append(timed(*commands[label]))
+            timed_run(command, env)
+        samples = in_turns(list(commands), args.runs, lambda label: timed_run(*commands[label]))
         exported = len(receiver.traces)
 
     print(f"# {args.runs} runs each, alternating; load average (1 min) {os.getloadavg()[0]:.2f}\n")

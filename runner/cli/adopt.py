@@ -53,6 +53,11 @@ SERVER_DEFAULTS: Doc = {
 }
 CHART_VOLUMES = {"tmp", "cron-runner", "redis-tls"}
 CHART_MOUNT_PATHS = {"/tmp", "/cron-runner"}  # noqa: S108 - the chart's mounts, not files
+# A list of the pod spec -> the field that names an item, the chart's own, and why not.
+CHARTS_OWN: dict[str, tuple[str, set[str], str]] = {
+    "volumes": ("name", CHART_VOLUMES, " is the chart's own volume; rename it (and its mounts)"),
+    "volumeMounts": ("mountPath", CHART_MOUNT_PATHS, ": the chart mounts its own volume there"),
+}
 # The labels the chart gives every task pod, which select them; a pod label may not replace them.
 CHART_POD_LABELS = {
     "app.kubernetes.io/name",
@@ -285,14 +290,7 @@ def _pod(task: Doc, pod: _Fields, entrypoint: Sequence[str], cmd: Sequence[str])
     task["initContainers"] = pod.take("initContainers", list) or []
     secrets = pod.take("imagePullSecrets", list) or []
 
-    volumes = pod.take("volumes", list) or []
-    for i, volume in enumerate(volumes):
-        if isinstance(volume, Mapping) and volume.get("name") in CHART_VOLUMES:
-            raise Refused(
-                f"{pod.where}.volumes[{i}].name: {volume['name']!r} is the chart's own volume; "
-                "rename it (and its mounts)"
-            )
-    task["extraVolumes"] = volumes
+    task["extraVolumes"] = _none_of_the_charts(pod, "volumes")
     containers = pod.required("containers", list)
     if not containers:
         raise Refused(f"{pod.where}.containers: empty: a CronJob needs a container to run")
@@ -340,15 +338,19 @@ def _container(
         task["envFrom"] = env_from
     task["resources"] = c.take("resources", Mapping) or {}
     task["securityContext"] = c.take("securityContext", Mapping) or {}
-    mounts = c.take("volumeMounts", list) or []
-    for i, mount in enumerate(mounts):
-        if isinstance(mount, Mapping) and mount.get("mountPath") in CHART_MOUNT_PATHS:
-            raise Refused(
-                f"{where}.volumeMounts[{i}].mountPath: {mount['mountPath']!r}: the chart mounts its "
-                "own volume there"
-            )
-    task["extraVolumeMounts"] = mounts
+    task["extraVolumeMounts"] = _none_of_the_charts(c, "volumeMounts")
     c.done()
+
+
+def _none_of_the_charts(fields: _Fields, name: str) -> list[Any]:
+    """The list ``name`` of ``fields`` (a pod's volumes, a container's mounts), refused if an
+    item takes a name or path that the chart gives its own."""
+    field, charts, why = CHARTS_OWN[name]
+    items = fields.take(name, list) or []
+    for i, item in enumerate(items):
+        if isinstance(item, Mapping) and item.get(field) in charts:
+            raise Refused(f"{fields.where}.{name}[{i}].{field}: {item[field]!r}{why}")
+    return items
 
 
 def _image(where: str, reference: str) -> Doc:

@@ -32,6 +32,31 @@ TOLERANCE_HELP = (
 )
 
 
+# (help, description) of the escape hatches.
+UNLOCK = (
+    "remove a task's lease (admin escape hatch; needs --force)",
+    "Remove TASK's lease so that another run can start. The holder, if still running, finds its "
+    "lease gone at its next renewal, stops its task and exits 75. Refused without --force. With "
+    "--holder, the lease is removed only if that holder (a holder id as `status` shows it, or a "
+    "whole token) holds it, checked inside Redis. Logged, and recorded in the task's history.",
+)
+FORGET = (
+    "delete a removed task's state and history, so status and watchdog drop it",
+    "Delete TASK's state hash and run history. Its fencing counter stays (a token must never be "
+    "handed out twice) and its slot markers expire on their own. Refused without --force, and "
+    "while a run holds the lease. Logged.",
+)
+REDEFINE = (
+    "let a task's next scheduled run store a new definition (after a schedule change)",
+    "Delete TASK's stored definition (mode, command or task, schedule, time zone), so that the "
+    "next scheduled run stores its own. Runners of a definition that differs from the stored "
+    "one are refused (exit 78) because one task with two definitions runs twice; after changing "
+    "a task's schedule, zone or command everywhere (every cluster's `helm upgrade`, every "
+    "server's crontab), run this once. A runner of the old definition still left is refused "
+    "from then on. Refused without --force. Logged.",
+)
+
+
 # A bad flag value raises ConfigError itself, not argparse's ArgumentTypeError: argparse would
 # turn that into a usage error (64), while a bad value is a configuration error (78) wherever
 # it comes from, a flag or a variable.
@@ -168,48 +193,19 @@ def add_commands(sub: Any, add_flags: AddFlags) -> None:
     add_flags(p, ("CONNECT_TIMEOUT",))
     p.set_defaults(handler=cmd_history)
 
-    p = sub.add_parser(
-        "unlock",
-        help="remove a task's lease (admin escape hatch; needs --force)",
-        description="Remove TASK's lease so that another run can start. The holder, if still "
-        "running, finds its lease gone at its next renewal, stops its task and exits 75. "
-        "Refused without --force. With --holder, the lease is removed only if that holder "
-        "(a holder id as `status` shows it, or a whole token) holds it, checked inside Redis. "
-        "Logged, and recorded in the task's history.",
-    )
-    p.add_argument("task", metavar="TASK")
-    p.add_argument("--force", action="store_true", help="really remove it")
-    p.add_argument("--holder", metavar="H", help="only if H holds it")
-    add_flags(p, ("CONNECT_TIMEOUT",))
-    p.set_defaults(handler=cmd_unlock)
-
-    p = sub.add_parser(
-        "forget",
-        help="delete a removed task's state and history, so status and watchdog drop it",
-        description="Delete TASK's state hash and run history. Its fencing counter stays (a "
-        "token must never be handed out twice) and its slot markers expire on their own. "
-        "Refused without --force, and while a run holds the lease. Logged.",
-    )
-    p.add_argument("task", metavar="TASK")
-    p.add_argument("--force", action="store_true", help="really delete it")
-    add_flags(p, ("CONNECT_TIMEOUT",))
-    p.set_defaults(handler=cmd_forget)
-
-    p = sub.add_parser(
-        "redefine",
-        help="let a task's next scheduled run store a new definition (after a schedule change)",
-        description="Delete TASK's stored definition (mode, command or task, schedule, time "
-        "zone), so that the next scheduled run stores its own. Runners of a definition that "
-        "differs from the stored one are refused (exit 78) because one task with two "
-        "definitions runs twice; after changing a task's schedule, zone or command everywhere "
-        "(every cluster's `helm upgrade`, every server's crontab), run this once. A runner of "
-        "the old definition still left is refused from then on. Refused without --force. "
-        "Logged.",
-    )
-    p.add_argument("task", metavar="TASK")
-    p.add_argument("--force", action="store_true", help="really delete the stored definition")
-    add_flags(p, ("CONNECT_TIMEOUT",))
-    p.set_defaults(handler=cmd_redefine)
+    # The escape hatches: each changes a task's keys, each is refused without --force.
+    for name, handler, force, text in (
+        ("unlock", cmd_unlock, "really remove it", UNLOCK),
+        ("forget", cmd_forget, "really delete it", FORGET),
+        ("redefine", cmd_redefine, "really delete the stored definition", REDEFINE),
+    ):
+        p = sub.add_parser(name, help=text[0], description=text[1])
+        p.add_argument("task", metavar="TASK")
+        p.add_argument("--force", action="store_true", help=force)
+        if name == "unlock":
+            p.add_argument("--holder", metavar="H", help="only if H holds it")
+        add_flags(p, ("CONNECT_TIMEOUT",))
+        p.set_defaults(handler=handler)
 
     p = sub.add_parser(
         "watchdog",

@@ -120,14 +120,6 @@ class Check:
             now = f"{clock.wall():.3f}"
             lease.complete(slot, {"outcome": "check"}, {"last_run_at": now}, {"fence": got.fence})
             self.say(OK, f"lease scripts run (acquire, renew, complete) on {keys.base}:*")
-        except FinishIncomplete:
-            # The finish script catches each refusal to keep the marker safe; name them here.
-            refused = self._refused_inside_scripts(client, keys, slot)
-            self.say(
-                FAIL,
-                f"lease scripts: the ACL user {user!r} may not run "
-                f"{', '.join(refused) or 'a command'} inside them",
-            )
         except NoPermissionError as exc:
             what = (
                 f"access the keys {keys.base}:*"
@@ -135,12 +127,15 @@ class Check:
                 else f"run {_refused_command(exc)}"
             )
             self.say(FAIL, f"lease scripts: the ACL user {user!r} may not {what}: {exc}")
-        except ResponseError as exc:
+        except (FinishIncomplete, ResponseError) as exc:
+            # A command refused inside a script; the finish script catches each refusal to keep
+            # the marker safe, and says less (FinishIncomplete): name them here.
             refused = self._refused_inside_scripts(client, keys, slot)
+            error = "" if isinstance(exc, FinishIncomplete) else f": {exc}"
             self.say(
                 FAIL,
                 f"lease scripts: the ACL user {user!r} may not run "
-                f"{', '.join(refused) or 'a command'} inside them: {exc}",
+                f"{', '.join(refused) or 'a command'} inside them{error}",
             )
         except RedisError as exc:
             self.say(FAIL, f"lease scripts: {exc}")

@@ -11,7 +11,6 @@ cancellation.
 
 from __future__ import annotations
 
-import contextvars
 import threading
 from typing import Any
 
@@ -23,10 +22,11 @@ from runner.outcomes import ENQUEUED
 from runner.queue.messages import build_message, make_broker, message_id_for, send_once, sent_key
 from runner.queue.options import check_backoff, message_options, queue_of
 from runner.run.policy import overlap_wait_s
+from runner.run.targets import OnThread
 from runner.tasks import RunContext, TaskSpec
 
 
-class EnqueueTarget:
+class EnqueueTarget(OnThread):
     """Send the slot's message on a thread of its own, through a client of its own.
 
     The send is idempotent per message id (task + slot), so the crash window between the
@@ -64,7 +64,6 @@ class EnqueueTarget:
                       message_id=message_id_for(settings.lease.scope, spec.name, 0, 0),
                       limit_bytes=queue_settings.max_message_bytes,
                       options=self.options, name="x" * 63)  # fmt: skip
-        self._thread: threading.Thread | None = None
         self._sent = False
         self._exc: BaseException | None = None
         self._client: Any = None
@@ -77,16 +76,7 @@ class EnqueueTarget:
         self._sent, self._exc, self._client, self.message_id = False, None, None, None
         self._killed.clear()
         # In a copy of the caller's context, as a Python task: the run's task span is current.
-        self._thread = threading.Thread(
-            target=contextvars.copy_context().run, args=(self._run, ctx), name="enqueue",
-            daemon=True,
-        )  # fmt: skip
-        self._thread.start()
-
-    def poll(self, timeout_s: float) -> bool:
-        assert self._thread is not None
-        self._thread.join(timeout_s)
-        return not self._thread.is_alive()
+        self._start_thread(self._run, ctx, name="enqueue")
 
     def cancel(self) -> None:
         """Nothing to ask politely: a send is short, and either happened or did not."""

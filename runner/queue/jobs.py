@@ -22,7 +22,7 @@ from __future__ import annotations
 import random
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import KW_ONLY, dataclass
 from typing import Final, NamedTuple
 
 from runner import clock
@@ -108,26 +108,18 @@ class PutBack(NamedTuple):
 Turn = Run | Skip | PutBack
 
 
+@dataclass
 class Gate:
     """One job's turn at the lease. ``look(final)`` is one acquire (``final``: the last look
     of a policy's wait, whose held reply the script records as this slot's skip)."""
 
-    def __init__(
-        self,
-        look: Callable[[bool], AcquireResult],
-        slot: int | None,
-        *,
-        wait_s: float,
-        held_wait_s: float,
-        stopping: threading.Event,
-        poll_s: float = POLL_S,
-    ) -> None:
-        self.look = look
-        self.slot = slot
-        self.wait_s = wait_s
-        self.held_wait_s = held_wait_s
-        self.stopping = stopping
-        self.poll_s = poll_s
+    look: Callable[[bool], AcquireResult]
+    slot: int | None
+    _: KW_ONLY
+    wait_s: float
+    held_wait_s: float
+    stopping: threading.Event
+    poll_s: float = POLL_S
 
     def take(self) -> Turn:
         deadline: float | None = None

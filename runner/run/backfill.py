@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Sequence
+from functools import partial
 from typing import Any, Final, NamedTuple
 
 from runner import clock
@@ -81,10 +82,12 @@ class Backfill:
         self.settings = settings
         self.client = client
         self.task_name = task_name
-        self.target = target
         self.shutdown = shutdown
-        self.what = what
         self.wait_s = wait_s
+        # Each slot is a run of its own: the same task, target and stop flag, its own slot.
+        self.execution = partial(
+            Execution, settings, client, task_name, target, shutdown, what=what
+        )
         self.keys = TaskKeys(settings.lease.prefix, settings.lease.scope, task_name)
         self.where = settings.redis.display_target
 
@@ -144,10 +147,7 @@ class Backfill:
                     EXIT_LEASE_LOST,
                     reason=f"{holder} held the lease past the wait of {self.wait_s:g}s (--wait)",
                 )
-            result = Execution(
-                self.settings, self.client, self.task_name, self.target, self.shutdown,
-                what=self.what, asked=Asked(slot),
-            ).run()  # fmt: skip
+            result = self.execution(asked=Asked(slot)).run()
             if result.outcome != SKIPPED_HELD or result.exit_code != EXIT_OK:
                 return result
             if clock.monotonic() >= until:

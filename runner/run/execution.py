@@ -401,19 +401,8 @@ class Execution:
 
     def _mark_caught_up(self, keeper: Keeper) -> RunResult | None:
         done = self.target.outcome
-        retention_ms = int(retention_s(self.settings, self.log) * 1000)
         try:
-            with self.observer.phase("complete"):
-                self._store(
-                    lambda: self.lease.complete(
-                        self.slot,
-                        self._record(done, 0, None),
-                        self._state(done, 0),
-                        {"fence": self.fence},
-                        retention_ms=retention_ms,
-                        keep_lease=True,
-                    )
-                )
+            self._mark_done(done, 0, None, {"fence": self.fence}, keep_lease=True)
         except LeaseNotOwned as exc:
             keeper.stop()
             return RunResult.of(LEASE_LOST, str(exc))
@@ -546,21 +535,8 @@ class Execution:
         marker: dict[str, str | int | float] = {"fence": self.fence}
         if done == REPLACED:
             marker["outcome"] = REPLACED
-        # Only a completing run needs the retention: a CronJob pod's start stays free of the
-        # schedule parser.
-        retention_ms = int(retention_s(self.settings, self.log) * 1000)
         try:
-            with self.observer.phase("complete"):
-                self._store(
-                    lambda: self.lease.complete(
-                        self.slot,
-                        self._record(done, code, reason),
-                        self._state(done, code),
-                        marker,
-                        retention_ms=retention_ms,
-                        success=done != REPLACED,
-                    )
-                )
+            self._mark_done(done, code, reason, marker, success=done != REPLACED)
         except LeaseNotOwned as exc:
             return RunResult.of(LEASE_LOST, str(exc))
         except FinishIncomplete as exc:
@@ -569,6 +545,33 @@ class Execution:
             return RunResult(done, exc.exit_code, reason=str(exc))
         self.log.info("released", extra={"event": "released"})
         return RunResult.of(done, reason)
+
+    def _mark_done(
+        self,
+        done: str,
+        code: int,
+        reason: str | None,
+        marker: dict[str, str | int | float],
+        *,
+        keep_lease: bool = False,
+        success: bool = True,
+    ) -> None:
+        """The 'complete' phase: the slot's marker, with the run's record and state."""
+        # Only a completing run needs the retention: a CronJob pod's start stays free of the
+        # schedule parser.
+        retention_ms = int(retention_s(self.settings, self.log) * 1000)
+        with self.observer.phase("complete"):
+            self._store(
+                lambda: self.lease.complete(
+                    self.slot,
+                    self._record(done, code, reason),
+                    self._state(done, code),
+                    marker,
+                    retention_ms=retention_ms,
+                    keep_lease=keep_lease,
+                    success=success,
+                )
+            )
 
     def _left_behind(self, left: LeftBehind, code: int) -> RunResult | None:
         """Descendants left the command's group and came back to us: all were killed, or some

@@ -11,7 +11,7 @@ from collections.abc import Iterator
 from contextlib import AbstractContextManager, ExitStack, contextmanager, nullcontext
 from typing import Any, Protocol
 
-from runner.outcomes import SKIPPED_DONE, SKIPPED_HELD
+from runner.outcomes import SKIPPED_DONE, SKIPPED_HELD, SKIPPED_STALE, TOO_LATE
 
 
 class RunObserver(Protocol):
@@ -87,9 +87,12 @@ class Observers:
             o.close()
 
 
-# A replica whose slot another runner has (running it, or done) stays silent: that runner
-# pings. A slot skipped for its own sake (too late, stale) ends with a ping, as it always has.
-_ANOTHER_RUNNERS = (SKIPPED_HELD, SKIPPED_DONE)
+# No finish ping from a run that did not run its slot and cannot know whether another did:
+# a replica whose slot another runner has (running it, or done) leaves the ping to that
+# runner; a slot too late to start or too old to prove unrun (exit 0) is no success, and a
+# failure ping would page for a slot that another server may well have run. Silence lets the
+# dead-man's switch judge: no success ping from anyone, and the check goes down.
+_NOT_RUN_HERE = (SKIPPED_HELD, SKIPPED_DONE, TOO_LATE, SKIPPED_STALE)
 
 
 class PingHook(NullObserver):
@@ -114,7 +117,7 @@ class PingHook(NullObserver):
     def finished(
         self, outcome: str, exit_code: int, *, renewals: int, failed_renewals: int
     ) -> None:
-        if outcome in _ANOTHER_RUNNERS:
+        if outcome in _NOT_RUN_HERE:
             return
         self._pinger().finish(exit_code)
 

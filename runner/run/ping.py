@@ -4,7 +4,9 @@
 failure, each with the same run id (``?rid=UUID``), so the service pairs them and measures the
 run. A ping never changes a run's outcome: it is sent from a thread of its own, and the run
 waits for it at its end at most ``timeout_s`` (a hung or absent server costs that, no more).
-A replica that skips sends nothing. Imported only when ``CRON_RUNNER_PING_URL`` is set and the
+A run that does not run its slot sends nothing: a replica that skips, and a slot too late
+to start or too old to prove unrun (``too_late``, ``skipped_stale``: exit 0, yet no success;
+docs/design.md, Monitoring). Imported only when ``CRON_RUNNER_PING_URL`` is set and the
 run gets as far as its lease or its outcome (``runner.run.observer.PingHook``).
 """
 

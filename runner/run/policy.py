@@ -20,6 +20,7 @@ here, with what the lease scripts reply; execution keeps only the phases.
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable
 from typing import Final, NamedTuple, Protocol
@@ -255,30 +256,19 @@ class Policy:
         if isinstance(got, Paused):
             until = f" until {utc(got.until)}" if got.until else ""
             reason = f"paused by {got.by or '?'}{until}" + (f": {got.note}" if got.note else "")
-            self.log.info(
-                f"skipped: the task is {reason}",
-                extra={"event": "skipped", "outcome": PAUSED, "exit_code": EXIT_OK},
-            )
-            return Skip(PAUSED, EXIT_OK, reason, logged=True)
+            return self._said(PAUSED, EXIT_OK, reason, f"skipped: the task is {reason}")
         if isinstance(got, HolderUnconfirmed):
             reason = (
                 f"a run of this slot by {got.held.holder} holds the lease and neither renewed nor "
                 f"released it within {self.settings.lease.held_wait:g}s (CRON_RUNNER_HELD_WAIT): "
                 "not run, and not reported done"
             )
-            self.log.warning(
-                reason,
-                extra={"event": "skipped", "outcome": SKIPPED_HELD,
-                       "exit_code": EXIT_LEASE_LOST, "run_holder": got.held.holder},
-            )  # fmt: skip
-            return Skip(SKIPPED_HELD, EXIT_LEASE_LOST, reason, logged=True)
+            return self._said(SKIPPED_HELD, EXIT_LEASE_LOST, reason, reason, logging.WARNING,
+                              run_holder=got.held.holder)  # fmt: skip
         if isinstance(got, HolderAlive):
-            self.log.info(
-                "skipped: a run of this slot holds the lease and renews it",
-                extra={"event": "skipped", "outcome": SKIPPED_HELD, "exit_code": EXIT_OK,
-                       "run_holder": got.held.holder, "ttl_ms": got.held.ttl_ms},
-            )  # fmt: skip
-            return Skip(SKIPPED_HELD, EXIT_OK, f"running at {got.held.holder}", logged=True)
+            return self._said(SKIPPED_HELD, EXIT_OK, f"running at {got.held.holder}",
+                              "skipped: a run of this slot holds the lease and renews it",
+                              run_holder=got.held.holder, ttl_ms=got.held.ttl_ms)  # fmt: skip
         if isinstance(got, Held) and got.note in (SUPERSEDED, GAVE_UP):
             # The acquire script has recorded the slot's skip (once per slot).
             if got.note == SUPERSEDED:
@@ -288,24 +278,28 @@ class Policy:
                     f"{got.holder} still held the lease after the overlap wait of "
                     f"{overlap_wait_s(self.settings):g}s (CRON_RUNNER_OVERLAP_WAIT)"
                 )
-            self.log.info(
-                f"skipped: {reason}",
-                extra={"event": "skipped", "outcome": SKIPPED_HELD, "exit_code": EXIT_OK,
-                       "run_holder": got.holder or None},
-            )  # fmt: skip
-            return Skip(SKIPPED_HELD, EXIT_OK, reason, logged=True)
+            return self._said(SKIPPED_HELD, EXIT_OK, reason, f"skipped: {reason}",
+                              run_holder=got.holder or None)  # fmt: skip
         if isinstance(got, Held):
-            self.log.info(
-                "skipped: another holder has the lease",
-                extra={"event": "skipped", "outcome": SKIPPED_HELD, "exit_code": EXIT_OK,
-                       "run_holder": got.holder, "ttl_ms": got.ttl_ms},
-            )  # fmt: skip
-            return Skip(SKIPPED_HELD, EXIT_OK, f"held by {got.holder}", logged=True)
+            return self._said(SKIPPED_HELD, EXIT_OK, f"held by {got.holder}",
+                              "skipped: another holder has the lease",
+                              run_holder=got.holder, ttl_ms=got.ttl_ms)  # fmt: skip
         finished = utc(got.finished_at) if got.finished_at else "unknown"
-        code = exit_code(SKIPPED_DONE)
-        self.log.info(
-            "skipped: this slot already ran",
-            extra={"event": "skipped", "outcome": SKIPPED_DONE, "exit_code": code,
-                   "run_holder": got.holder, "finished_at": finished},
-        )  # fmt: skip
-        return Skip(SKIPPED_DONE, code, f"slot done by {got.holder} at {finished}", logged=True)
+        return self._said(SKIPPED_DONE, exit_code(SKIPPED_DONE),
+                          f"slot done by {got.holder} at {finished}", "skipped: this slot already ran",
+                          run_holder=got.holder, finished_at=finished)  # fmt: skip
+
+    def _said(
+        self,
+        outcome: str,
+        code: int,
+        reason: str,
+        line: str,
+        level: int = logging.INFO,
+        **fields: object,
+    ) -> Skip:
+        """A skip that says why in its own 'skipped' line, with ``fields``: no 'finished' line
+        follows."""
+        extra = {"event": "skipped", "outcome": outcome, "exit_code": code, **fields}
+        self.log.log(level, line, extra=extra)
+        return Skip(outcome, code, reason, logged=True)

@@ -88,26 +88,40 @@ class Target(Protocol):
     def error(self) -> str | None: ...
 
 
-class PythonTarget:
+class OnThread:
+    """The part of a Target that runs on a thread of this process: a Python task, or queue
+    mode's send (runner.queue.enqueue)."""
+
+    _thread: threading.Thread | None = None
+
+    def _start_thread(self, work: Callable[..., None], *args: object, name: str) -> None:
+        # Daemon: a task that ignores cancellation must not keep the process alive after the
+        # runner has decided to exit. The thread runs in a copy of the caller's context, so a
+        # span current around start() (telemetry's task span) is the task's parent.
+        self._thread = threading.Thread(
+            target=contextvars.copy_context().run, args=(work, *args), name=name, daemon=True
+        )
+        self._thread.start()
+
+    def poll(self, timeout_s: float) -> bool:
+        assert self._thread is not None
+        self._thread.join(timeout_s)
+        return not self._thread.is_alive()
+
+
+class PythonTarget(OnThread):
     outcome = RAN
     supervised: Supervised | None = None
 
     def __init__(self, fn: TaskFn) -> None:
         self.fn = fn
-        self._thread: threading.Thread | None = None
         self._exc: BaseException | None = None
         self._ctx: RunContext | None = None
 
     def start(self, ctx: RunContext) -> None:
         self._ctx = ctx
         self._exc = None
-        # Daemon: a task that ignores cancellation must not keep the process alive
-        # after the runner has decided to exit. The thread runs in a copy of the caller's
-        # context, so a span current around start() (telemetry's task span) is the task's parent.
-        self._thread = threading.Thread(
-            target=contextvars.copy_context().run, args=(self._run,), name="task", daemon=True
-        )
-        self._thread.start()
+        self._start_thread(self._run, name="task")
 
     def _run(self) -> None:
         assert self._ctx is not None
@@ -115,11 +129,6 @@ class PythonTarget:
             self.fn(self._ctx)
         except BaseException as exc:  # noqa: BLE001 - reported by exit_code()/error()
             self._exc = exc
-
-    def poll(self, timeout_s: float) -> bool:
-        assert self._thread is not None
-        self._thread.join(timeout_s)
-        return not self._thread.is_alive()
 
     def cancel(self) -> None:
         """The context's ``cancelled`` event is what a Python task watches; set by execution."""

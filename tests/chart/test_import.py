@@ -319,7 +319,12 @@ BROKEN = [
     (
         "a mount on /tmp",
         yaml.safe_dump(cronjob(container={"volumeMounts": [{"name": "t", "mountPath": "/tmp"}]})),
-        "containers[0].volumeMounts[0].mountPath: '/tmp'",
+        "containers[0].volumeMounts[0].mountPath: '/tmp': the chart mounts its own volume there",
+    ),
+    (
+        "a volume named as the chart's",
+        yaml.safe_dump(cronjob(volumes=[{"name": "cron-runner", "emptyDir": {}}])),
+        "template.spec.volumes[0].name: 'cron-runner' is the chart's own volume; rename it",
     ),
     (
         "a pod label the chart selects on",

@@ -7,7 +7,7 @@ import signal
 import subprocess
 import time
 from pathlib import Path
-from typing import cast
+from typing import Any, cast
 
 import pytest
 import redis
@@ -21,8 +21,8 @@ from tests.helpers.proc import (
     events,
     outcome,
     runner_env,
-    side_effects,
     spawn,
+    spawn_started,
 )
 from tests.helpers.wait import wait_for
 
@@ -39,18 +39,35 @@ def _group_alive(pgid: int) -> bool:
     return any(s and not s.startswith("Z") for s in out.split())
 
 
+# A command that ignores SIGTERM, and whose children do too.
+STUBBORN = "trap '' TERM; echo $$ > {pidfile}; sleep 60 & sleep 60 & wait"
+
+
+def _shell(
+    name: str, script: str, env: dict[str, str], tmp_path: Path, **kwargs: Any
+) -> tuple[subprocess.Popen[str], int]:
+    """``exec`` of ``sh -c script`` once the shell has written its pid where the script says
+    ``{pidfile}``: the run, and the pid (the command's group id: it has a group of its own)."""
+    pidfile = tmp_path / "child.pid"
+    command = ["sh", "-c", script.format(pidfile=pidfile)]
+    proc = spawn(["exec", "--name", name, "--", *command], env, **kwargs)
+    wait_for(lambda: pidfile.exists() and pidfile.read_text().strip(), what="child start")
+    return proc, int(pidfile.read_text())
+
+
+def _stopped(proc: subprocess.Popen[str], sig: int = signal.SIGTERM) -> str:
+    """Send ``sig`` and wait for the run to end: its stderr."""
+    proc.send_signal(sig)
+    return proc.communicate(timeout=30)[1]
+
+
 def test_sigterm_command_ignoring_it_is_killed_after_grace(
     redis_server: RedisServer, r: redis.Redis, tmp_path: Path
 ) -> None:
-    pidfile = tmp_path / "child.pid"
-    script = f"trap '' TERM; echo $$ > {pidfile}; sleep 60 & sleep 60 & wait"
     env = runner_env(redis_server.url, CRON_RUNNER_SHUTDOWN_GRACE="1s")
-    proc = spawn(["exec", "--name", "stubborn", "--", "sh", "-c", script], env)
-    wait_for(lambda: pidfile.exists() and pidfile.read_text().strip(), what="child start")
-    child_pgid = int(pidfile.read_text())
+    proc, child_pgid = _shell("stubborn", STUBBORN, env, tmp_path)
     sent = time.monotonic()
-    proc.send_signal(signal.SIGTERM)
-    _, stderr = proc.communicate(timeout=30)
+    stderr = _stopped(proc)
     assert proc.returncode == 143, stderr
     assert time.monotonic() - sent >= 1.0
     names = [e.get("event") for e in events(stderr)]
@@ -65,16 +82,12 @@ def test_members_of_the_group_killed_with_it_are_not_reported_as_left_outside(
 ) -> None:
     # The shell dies first; its children, still in its group, come back to the subreaper as
     # they die. They never left the group: no warning that they did.
-    pidfile = tmp_path / "child.pid"
-    script = f"trap '' TERM; echo $$ > {pidfile}; sleep 60 & sleep 60 & wait"
     env = runner_env(redis_server.url, CRON_RUNNER_SHUTDOWN_GRACE="1s")
-    proc = spawn(["exec", "--name", "grouped", "--", "sh", "-c", script], env)
-    wait_for(lambda: pidfile.exists() and pidfile.read_text().strip(), what="child start")
-    proc.send_signal(signal.SIGTERM)
-    _, stderr = proc.communicate(timeout=30)
+    proc, child_pgid = _shell("grouped", STUBBORN, env, tmp_path)
+    stderr = _stopped(proc)
     assert proc.returncode == Terminated.exit_code, stderr
     assert "descendants_stopped" not in [e.get("event") for e in events(stderr)], stderr
-    assert not _group_alive(int(pidfile.read_text()))
+    assert not _group_alive(child_pgid)
 
 
 def test_second_sigterm_does_not_skip_release(
@@ -116,10 +129,8 @@ def test_python_task_ignoring_cancel_exits_143_without_release(
         CRON_RUNNER_SHUTDOWN_GRACE="1s",
         TASK_SECONDS="60",
     )
-    proc = spawn(["run", "stubborn"], env)
-    wait_for(lambda: side_effects(effects, "start"), what="task start")
-    proc.send_signal(signal.SIGTERM)
-    _, stderr = proc.communicate(timeout=30)
+    proc = spawn_started(["run", "stubborn"], env, effects)
+    stderr = _stopped(proc)
     assert proc.returncode == 143, stderr
     assert "abandoned" in [e.get("event") for e in events(stderr)]
     # Left to expire by its TTL: the task may still be running for all Redis knows.
@@ -130,18 +141,12 @@ def test_python_task_ignoring_cancel_exits_143_without_release(
 def test_sigstop_past_ttl_loses_lease_kills_child_exits_4(
     redis_server: RedisServer, r: redis.Redis, tmp_path: Path
 ) -> None:
-    pidfile = tmp_path / "child.pid"
     ticks = tmp_path / "ticks.log"
-    script = f"echo $$ > {pidfile}; while true; do echo tick >> {ticks}; sleep 0.05; done"
+    script = f"echo $$ > {{pidfile}}; while true; do echo tick >> {ticks}; sleep 0.05; done"
     env = runner_env(
         redis_server.url, CRON_RUNNER_LEASE_TTL="1500ms", CRON_RUNNER_SCHEDULE="0 0 * * *"
     )
-    proc = spawn(
-        ["exec", "--name", "frozen", "--", "sh", "-c", script], env, start_new_session=True
-    )
-    wait_for(pidfile.exists, what="child start")
-    wait_for(lambda: pidfile.read_text().strip(), what="child pid")
-    child_pgid = int(pidfile.read_text())
+    proc, child_pgid = _shell("frozen", script, env, tmp_path, start_new_session=True)
 
     os.killpg(proc.pid, signal.SIGSTOP)
     os.killpg(child_pgid, signal.SIGSTOP)
@@ -220,14 +225,9 @@ def test_other_stop_signals_stop_the_command_and_release_like_sigterm(
 ) -> None:
     # Left at their defaults these killed the runner alone (exit 129, 131, 138, 140): the
     # command ran on, orphaned, and the lease stayed held until its TTL.
-    pidfile = tmp_path / "child.pid"
-    script = f"echo $$ > {pidfile}; sleep 60 & wait"
     env = runner_env(redis_server.url, CRON_RUNNER_SHUTDOWN_GRACE="2s")
-    proc = spawn(["exec", "--name", "sig", "--", "sh", "-c", script], env)
-    wait_for(lambda: pidfile.exists() and pidfile.read_text().strip(), what="child start")
-    child_pgid = int(pidfile.read_text())
-    proc.send_signal(getattr(signal, sig))
-    _, stderr = proc.communicate(timeout=30)
+    proc, child_pgid = _shell("sig", "echo $$ > {pidfile}; sleep 60 & wait", env, tmp_path)
+    stderr = _stopped(proc, getattr(signal, sig))
     assert proc.returncode == Terminated.exit_code, stderr
     assert outcome(stderr) == "terminated"
     assert "Traceback" not in stderr

@@ -13,6 +13,7 @@ import ctypes
 import os
 import shlex
 import signal
+import subprocess
 import time
 from pathlib import Path
 
@@ -37,6 +38,17 @@ from tests.fault.conftest import Figure
 from tests.helpers.proc import LEASE, events, exec_args, outcome, run, runner_env, spawn
 from tests.helpers.ticker import command_of, read_ticks, supervisor_of, ticker_command
 from tests.helpers.wait import wait_for
+
+
+def _b_takes_over(
+    name: str, env: dict[str, str], ticks: Path, *, seconds: float, sink: Path | None = None
+) -> subprocess.Popen[str]:
+    """Pod B's run of ``name`` once it has the lease and its task ticks; B's runs before it
+    could only find the lease held."""
+    args = exec_args(name, "pod-b", ticker_command(ticks, "b", seconds=seconds, sink=sink))
+    b, outcomes = start_when_free(args, env, ticks, "b")
+    assert set(outcomes) <= {"skipped_held"}, outcomes
+    return b
 
 
 def _alive(pid: int) -> bool:
@@ -185,13 +197,7 @@ def test_row2_holder_frozen_past_its_ttl_wakes_into_a_new_holder_and_exits_4(
     groups = (a.pid, supervisor, child)
     freeze_outside_a_sink_write(groups, child, sink)
     try:
-        b, outcomes = start_when_free(
-            exec_args("frozen", "pod-b", ticker_command(ticks, "b", seconds=1.5, sink=sink)),
-            env,
-            ticks,
-            "b",
-        )
-        assert set(outcomes) <= {"skipped_held"}, outcomes
+        b = _b_takes_over("frozen", env, ticks, seconds=1.5, sink=sink)
         # B is running (start_when_free returned on its first tick, after its first write to
         # the sink): A wakes into it.
         resumed_at = time.time()
@@ -244,13 +250,7 @@ def test_row2b_runner_frozen_alone_its_supervisor_kills_the_command_before_the_l
     # Redis lets the lease go no earlier than this (a renewal in flight only moves it later).
     expiry_not_before = frozen_at + int(r.pttl(LEASE % "half-frozen")) / 1000  # type: ignore[arg-type]
     try:
-        b, outcomes = start_when_free(
-            exec_args("half-frozen", "pod-b", ticker_command(ticks, "b", seconds=1.0, sink=sink)),
-            env,
-            ticks,
-            "b",
-        )
-        assert set(outcomes) <= {"skipped_held"}, outcomes
+        b = _b_takes_over("half-frozen", env, ticks, seconds=1.0, sink=sink)
         time.sleep(max(0.0, frozen_at + ttl_s + past_ttl_s - time.time()))
     finally:
         os.killpg(a.pid, signal.SIGCONT)

@@ -12,6 +12,8 @@ import json
 import os
 import signal
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -73,6 +75,18 @@ class Cluster:
     def start_slot(self, slot: int, seconds: float) -> None:
         for cluster in CLUSTERS:
             self.start(cluster, slot, seconds)
+
+    @contextmanager
+    def frozen_holder(self, slot: int) -> Iterator[float]:
+        """A pod of ``slot`` whose task ticks, its runner frozen (SIGSTOP) for the block: yields
+        when it froze. Its command, in a group of its own, runs on until the supervisor acts."""
+        holder = self.start("eu", slot, seconds=60)
+        wait_for(lambda: self.ticked(slot), what="the holder's task")
+        os.killpg(holder.pid, signal.SIGSTOP)
+        try:
+            yield time.time()
+        finally:
+            os.killpg(holder.pid, signal.SIGCONT)
 
     def ticked(self, slot: int) -> bool:
         return any(t.label.endswith(f"-{slot}") for t in read_ticks(self.ticks))
@@ -253,15 +267,9 @@ def test_a_frozen_holder_is_left_to_its_ttl_then_the_waiting_slot_runs(
 ) -> None:
     c = clusters(overlap)
     s0, s1 = recent_slots(2)
-    holder = c.start("eu", s0, seconds=60)
-    wait_for(lambda: c.ticked(s0), what="the holder's task")
-    os.killpg(holder.pid, signal.SIGSTOP)  # the runner; its command is in a group of its own
-    frozen_at = time.time()
-    try:
+    with c.frozen_holder(s0) as frozen_at:
         c.start_slot(s1, seconds=0.3)
         wait_for(lambda: c.ticked(s1), 30, "the waiting slot to run")
-    finally:
-        os.killpg(holder.pid, signal.SIGCONT)
     results = c.finish()
 
     before, after = c.by_slot(s0), c.by_slot(s1)
@@ -280,15 +288,10 @@ def test_a_frozen_holder_under_skip_or_allow_other_slots(
 ) -> None:
     c = clusters(overlap)
     s0, s1 = recent_slots(2)
-    holder = c.start("eu", s0, seconds=60)
-    wait_for(lambda: c.ticked(s0), what="the holder's task")
-    os.killpg(holder.pid, signal.SIGSTOP)
-    try:
+    with c.frozen_holder(s0):
         c.start_slot(s1, seconds=0.3)
         for cluster in CLUSTERS:
             c.runs[f"{cluster}-{s1}"].finish(30)
-    finally:
-        os.killpg(holder.pid, signal.SIGCONT)
     results = c.finish()
 
     if overlap == "skip":

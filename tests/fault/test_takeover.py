@@ -16,7 +16,15 @@ from runner.errors import LeaseLost, Terminated
 from runner.testing import RedisServer
 from tests.fault.common import assert_clean, event_time
 from tests.fault.conftest import Figure
-from tests.helpers.proc import LoggedRun, events, outcome, runner_env, side_effects, spawn
+from tests.helpers.proc import (
+    LoggedRun,
+    events,
+    outcome,
+    runner_env,
+    side_effects,
+    spawn,
+    spawn_started,
+)
 from tests.helpers.ticker import children
 from tests.helpers.wait import wait_for
 
@@ -48,8 +56,7 @@ def test_a_kill9ed_holders_slot_runs_exactly_once_more_and_is_marked(
     env = _env(redis_server, effects)
     slot = int(env["CRON_RUNNER_JOB_NAME"].rsplit("-", 1)[1]) * 60
     started = time.monotonic()
-    a = spawn(_exec("pod-a", effects), env)
-    wait_for(lambda: side_effects(effects, "start"), what="A's task to start")
+    a = spawn_started(_exec("pod-a", effects), env, effects, what="A's task to start")
     logs = {name: tmp_path / f"{name}.log" for name in ("pod-b", "pod-c", "pod-a-retry")}
     others = {name: LoggedRun(_exec(name, effects), env, logs[name]) for name in ("pod-b", "pod-c")}
     # B and C started with A: both wait on its lease before it dies.
@@ -92,8 +99,7 @@ def test_a_retry_of_a_slot_that_finished_is_skipped_done_at_once(
 ) -> None:
     effects = tmp_path / "effects"
     env = {**_env(redis_server, effects), "CRON_RUNNER_LEASE_TTL": "3s"}
-    a = spawn(_exec("pod-a", effects, seconds=2.5), env)
-    wait_for(lambda: side_effects(effects, "start"), what="A's task to start")
+    a = spawn_started(_exec("pod-a", effects, seconds=2.5), env, effects, what="A's task to start")
     # B, of the same slot while A runs and renews (every second): it skips without failing.
     b = spawn(_exec("pod-b", effects), env)
     _, b_err = b.communicate(timeout=30)
@@ -116,8 +122,13 @@ def test_a_holder_neither_renewing_nor_gone_within_the_wait_is_not_reported_done
     while it waits, exits at once, having taken nothing."""
     effects = tmp_path / "effects"
     env = _env(redis_server, effects)
-    a = spawn(_exec("pod-a", effects, seconds=30), env, start_new_session=True)
-    wait_for(lambda: side_effects(effects, "start"), what="A's task to start")
+    a = spawn_started(
+        _exec("pod-a", effects, seconds=30),
+        env,
+        effects,
+        what="A's task to start",
+        start_new_session=True,
+    )
     os.killpg(a.pid, signal.SIGSTOP)  # the runner; its command has a process group of its own
     try:
         b = spawn(_exec("pod-b", effects), {**env, "CRON_RUNNER_HELD_WAIT": "1s"})

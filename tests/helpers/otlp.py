@@ -113,51 +113,55 @@ class OtlpReceiver:
         self.server.server_close()
         self.thread.join(timeout=5)
 
+    def _scopes(
+        self, received: list[Any], resources: str, scopes: str
+    ) -> Iterator[tuple[Any, Any]]:
+        """(resource, scope) of every export request received so far: the traces' (resource
+        and scope spans) or the metrics' (resource and scope metrics)."""
+        with self._lock:
+            requests = list(received)
+        for request in requests:
+            for resource in getattr(request, resources):
+                for scope in getattr(resource, scopes):
+                    yield resource, scope
+
     def spans(self) -> list[ReceivedSpan]:
         out: list[ReceivedSpan] = []
-        with self._lock:
-            requests = list(self.traces)
-        for request in requests:
-            for rs in request.resource_spans:
-                resource = attributes(rs.resource.attributes)
-                for ss in rs.scope_spans:
-                    out.extend(
-                        ReceivedSpan(
-                            name=s.name,
-                            span_id=s.span_id,
-                            parent_span_id=s.parent_span_id,
-                            trace_id=s.trace_id,
-                            attributes=attributes(s.attributes),
-                            resource=resource,
-                            status_code=int(s.status.code),
-                            events=[e.name for e in s.events],
-                            start_ns=s.start_time_unix_nano,
-                            end_ns=s.end_time_unix_nano,
-                            text=str(s),
-                        )
-                        for s in ss.spans
-                    )
+        for rs, ss in self._scopes(self.traces, "resource_spans", "scope_spans"):
+            resource = attributes(rs.resource.attributes)
+            out.extend(
+                ReceivedSpan(
+                    name=s.name,
+                    span_id=s.span_id,
+                    parent_span_id=s.parent_span_id,
+                    trace_id=s.trace_id,
+                    attributes=attributes(s.attributes),
+                    resource=resource,
+                    status_code=int(s.status.code),
+                    events=[e.name for e in s.events],
+                    start_ns=s.start_time_unix_nano,
+                    end_ns=s.end_time_unix_nano,
+                    text=str(s),
+                )
+                for s in ss.spans
+            )
         return out
 
     def points(self) -> list[Point]:
         out: list[Point] = []
-        with self._lock:
-            requests = list(self.metrics)
-        for request in requests:
-            for rm in request.resource_metrics:
-                for sm in rm.scope_metrics:
-                    for m in sm.metrics:
-                        kind = m.WhichOneof("data")
-                        if kind == "sum":
-                            out.extend(
-                                Point(m.name, m.unit, attributes(p.attributes), _number(p), 1)
-                                for p in m.sum.data_points
-                            )
-                        elif kind == "histogram":
-                            out.extend(
-                                Point(m.name, m.unit, attributes(p.attributes), p.sum, p.count)
-                                for p in m.histogram.data_points
-                            )
+        for _, sm in self._scopes(self.metrics, "resource_metrics", "scope_metrics"):
+            for m in sm.metrics:
+                kind = m.WhichOneof("data")
+                if kind == "sum":
+                    out.extend(
+                        Point(m.name, m.unit, attributes(p.attributes), _number(p), 1)
+                        for p in m.sum.data_points
+                    )
+                elif kind == "histogram":
+                    out.extend(
+                        Point(m.name, m.unit, attributes(p.attributes), p.sum, p.count)
+                        for p in m.histogram.data_points
+                    )
         return out
 
 

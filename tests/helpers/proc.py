@@ -6,8 +6,11 @@ import json
 import os
 import subprocess
 import sys
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
+
+from tests.helpers.wait import wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
 # RUNNER_BINARY runs the same tests against another build of the runner, such as the
@@ -61,6 +64,19 @@ def run(
     )
 
 
+def run_at(at_s: int, args: list[str], env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    """``run``, started at ``at_s`` as its clocks tell it, by libfaketime (Debian's faketime);
+    the Redis server's clock is not moved."""
+    stamp = datetime.fromtimestamp(at_s, UTC).strftime("%Y-%m-%d %H:%M:%S")
+    return subprocess.run(
+        ["faketime", "-f", f"@{stamp}", CRON_RUNNER, *args],
+        env={**env, "TZ": "UTC"},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
 def spawn(args: list[str], env: dict[str, str], **kwargs: Any) -> subprocess.Popen[str]:
     return subprocess.Popen(
         [CRON_RUNNER, *args],
@@ -70,6 +86,16 @@ def spawn(args: list[str], env: dict[str, str], **kwargs: Any) -> subprocess.Pop
         text=True,
         **kwargs,
     )
+
+
+def spawn_started(
+    args: list[str], env: dict[str, str], effects: Path, what: str = "task start", **kwargs: Any
+) -> subprocess.Popen[str]:
+    """``spawn``, returned once its task has started: it wrote 'start' to ``effects`` (the
+    SIDE_EFFECTS file of tests/sample_tasks.py and of the tests' commands)."""
+    proc = spawn(args, env, **kwargs)
+    wait_for(lambda: side_effects(effects, "start"), what=what)
+    return proc
 
 
 class LoggedRun(subprocess.Popen[str]):

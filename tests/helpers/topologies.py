@@ -13,7 +13,7 @@ import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, cast
+from typing import Any, Self, cast
 
 import redis
 from redis.crc import key_slot
@@ -129,6 +129,21 @@ def sentinel_binary() -> str:
     return found
 
 
+class _Processes(Service):
+    """Several processes started as one: a start that fails part way closes what it started."""
+
+    def start(self) -> Self:
+        try:
+            self._start()
+        except BaseException:
+            self.close()
+            raise
+        return self
+
+    def _start(self) -> None:
+        raise NotImplementedError
+
+
 class SentinelProcess:
     def __init__(
         self,
@@ -184,7 +199,7 @@ class SentinelProcess:
             self.proc.wait()
 
 
-class SentinelTopology(Service):
+class SentinelTopology(_Processes):
     """1 primary, 1 replica, 3 sentinels on loopback. ``replica_upstream_port`` makes the
     replica replicate through another port (a proxy in front of ``primary_port``)."""
 
@@ -225,18 +240,13 @@ class SentinelTopology(Service):
     def sentinel_env(self) -> str:
         return ",".join(f"127.0.0.1:{s.port}" for s in self.sentinels)
 
-    def start(self) -> SentinelTopology:
-        try:
-            self.primary.start()
-            self.replica.start()
-            self.wait_replica_in_sync()
-            for s in self.sentinels:
-                s.start()
-            self.wait_sentinels_ready()
-        except BaseException:
-            self.close()
-            raise
-        return self
+    def _start(self) -> None:
+        self.primary.start()
+        self.replica.start()
+        self.wait_replica_in_sync()
+        for s in self.sentinels:
+            s.start()
+        self.wait_sentinels_ready()
 
     def wait_replica_in_sync(self, timeout_s: float = 15) -> None:
         replica = self.replica.client()
@@ -336,7 +346,7 @@ class SentinelTopology(Service):
 # -- Cluster ------------------------------------------------------------------------------
 
 
-class ClusterTopology(Service):
+class ClusterTopology(_Processes):
     """3 primaries, no replicas, created with ``redis-cli --cluster create``."""
 
     def __init__(self, size: int = 3) -> None:
@@ -351,20 +361,15 @@ class ClusterTopology(Service):
     def url(self) -> str:
         return self.nodes[0].url
 
-    def start(self) -> ClusterTopology:
-        try:
-            for node in self.nodes:
-                node.start()
-            subprocess.run(
-                ["redis-cli", "--cluster", "create",
-                 *(f"127.0.0.1:{n.port}" for n in self.nodes), "--cluster-yes"],
-                check=True, capture_output=True, timeout=60,
-            )  # fmt: skip
-            self.wait_ok()
-        except BaseException:
-            self.close()
-            raise
-        return self
+    def _start(self) -> None:
+        for node in self.nodes:
+            node.start()
+        subprocess.run(
+            ["redis-cli", "--cluster", "create",
+             *(f"127.0.0.1:{n.port}" for n in self.nodes), "--cluster-yes"],
+            check=True, capture_output=True, timeout=60,
+        )  # fmt: skip
+        self.wait_ok()
 
     def wait_ok(self, timeout_s: float = 30) -> None:
         def ok() -> bool:

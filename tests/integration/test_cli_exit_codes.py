@@ -21,6 +21,7 @@ from tests.helpers.proc import (
     runner_env,
     side_effects,
     spawn,
+    spawn_started,
 )
 from tests.helpers.wait import wait_for
 
@@ -148,8 +149,7 @@ def test_sigterm_exit_143_and_lease_released(
     redis_server: RedisServer, r: redis.Redis, effects: Path
 ) -> None:
     env = runner_env(redis_server.url, SIDE_EFFECTS=str(effects), TASK_SECONDS="30")
-    proc = spawn(["run", "slow"], env)
-    wait_for(lambda: side_effects(effects, "start"), what="task start")
+    proc = spawn_started(["run", "slow"], env, effects)
     proc.send_signal(signal.SIGTERM)
     _, stderr = proc.communicate(timeout=30)
     assert proc.returncode == 143, stderr

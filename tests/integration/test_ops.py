@@ -13,7 +13,16 @@ import redis
 
 from runner.ops.state import Reader
 from runner.testing import RedisServer
-from tests.helpers.proc import LEASE, events, outcome, run, runner_env, side_effects, spawn
+from tests.helpers.proc import (
+    LEASE,
+    events,
+    outcome,
+    run,
+    runner_env,
+    side_effects,
+    spawn,
+    spawn_started,
+)
 from tests.helpers.wait import clear_of_slot_edge, wait_for
 
 FENCE = "cron-runner:{default:%s}:fence"
@@ -128,16 +137,21 @@ def test_history_of_lease_lost_and_terminated_runs(
 ) -> None:
     effects = tmp_path / "effects.log"
     env = runner_env(redis_server.url, SIDE_EFFECTS=str(effects), TASK_SECONDS="30")
-    lost = spawn(["run", "slow", "--lease-ttl", "1500ms", "--holder", "pod-lost"], env)
-    wait_for(lambda: side_effects(effects, "start"), what="first task start")
+    lost = spawn_started(
+        ["run", "slow", "--lease-ttl", "1500ms", "--holder", "pod-lost"],
+        env,
+        effects,
+        what="first task start",
+    )
     r.set(LEASE % "slow", "thief:0000", px=2_000)
     lost.communicate(timeout=30)
     assert lost.returncode == 75
 
     wait_for(lambda: r.get(LEASE % "slow") is None, what="the thief's lease to expire")
     effects.unlink()
-    stopped = spawn(["run", "slow", "--holder", "pod-term"], env)
-    wait_for(lambda: side_effects(effects, "start"), what="second task start")
+    stopped = spawn_started(
+        ["run", "slow", "--holder", "pod-term"], env, effects, what="second task start"
+    )
     stopped.send_signal(signal.SIGTERM)
     stopped.communicate(timeout=30)
     assert stopped.returncode == 143
@@ -183,8 +197,7 @@ def test_unlock_is_refused_without_force_and_logged(
 ) -> None:
     effects = tmp_path / "effects.log"
     env = runner_env(redis_server.url, SIDE_EFFECTS=str(effects), TASK_SECONDS="30")
-    proc = spawn(["run", "slow", "--holder", "pod-stuck"], env)
-    wait_for(lambda: side_effects(effects, "start"), what="task start")
+    proc = spawn_started(["run", "slow", "--holder", "pod-stuck"], env, effects)
 
     refused = run(["unlock", "slow"], env)
     assert refused.returncode == 78

@@ -5,14 +5,13 @@ day two days back; the runs are CronJob pods whose Job names carry that day's sl
 from __future__ import annotations
 
 import json
-import subprocess
 from datetime import UTC, datetime
 from typing import Any, cast
 
 import redis
 
 from runner.testing import RedisServer
-from tests.helpers.proc import CRON_RUNNER, cronjob_env, run, runner_env, spawn
+from tests.helpers.proc import cronjob_env, run, run_at, runner_env, spawn
 from tests.helpers.wait import wait_for
 
 HOURLY = "0 * * * *"
@@ -31,23 +30,12 @@ def _pod(redis_url: str, task: str, slot_s: int) -> dict[str, str]:
     return cronjob_env(redis_url, task, HOURLY, slot_s)
 
 
-def _faked(at_s: int, args: list[str], env: dict[str, str]) -> subprocess.CompletedProcess[str]:
-    stamp = datetime.fromtimestamp(at_s, UTC).strftime("%Y-%m-%d %H:%M:%S")
-    return subprocess.run(
-        ["faketime", "-f", f"@{stamp}", CRON_RUNNER, *args],
-        env={**env, "TZ": "UTC"},
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-
-
 def _missed_at(at_s: int, env: dict[str, str]) -> tuple[int, list[int], list[int]]:
     """(watchdog's exit code, the slots it lists as missed, the slots status lists)."""
-    dog = _faked(at_s, ["watchdog", "-o", "json"], env)
+    dog = run_at(at_s, ["watchdog", "-o", "json"], env)
     doc = json.loads(dog.stdout)
     listed = doc["overdue"][0]["missed"]["slots"] if doc["overdue"] else []
-    status = json.loads(_faked(at_s, ["status", "hourly", "-o", "json"], env).stdout)
+    status = json.loads(run_at(at_s, ["status", "hourly", "-o", "json"], env).stdout)
     missed = status["tasks"][0]["missed"]
     return dog.returncode, listed, missed["slots"] if missed else []
 
@@ -71,11 +59,11 @@ def test_a_missed_slot_stays_reported_after_a_later_success_until_acknowledged(
     assert _missed_at(_at(13, 5), plain) == (1, [_at(11)], [_at(11)])
 
     # Acknowledging another slot is refused, naming the one in the ledger.
-    wrong = _faked(_at(13, 5), ["ack", "hourly", str(_at(9))], plain)
+    wrong = run_at(_at(13, 5), ["ack", "hourly", str(_at(9))], plain)
     assert wrong.returncode == 1
     assert str(_at(11)) in wrong.stdout
     stamp = datetime.fromtimestamp(_at(11), UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-    acked = _faked(_at(13, 5), ["ack", "hourly", stamp], plain)
+    acked = run_at(_at(13, 5), ["ack", "hourly", stamp], plain)
     assert acked.returncode == 0, acked.stderr
     assert _missed_at(_at(13, 5), plain) == (0, [], [])
     history = json.loads(run(["history", "hourly", "-o", "json"], plain).stdout)["runs"]
@@ -170,7 +158,7 @@ def test_in_queue_mode_a_job_no_worker_ran_stays_overdue(redis_server: RedisServ
     sent = run(["run", "q-ok"], pod)
     assert sent.returncode == 0, sent.stderr
     for at in (_at(10, 20), _at(10, 25)):
-        dog = _faked(at, ["watchdog", "-o", "json"], plain)
+        dog = run_at(at, ["watchdog", "-o", "json"], plain)
         assert dog.returncode == 1, dog.stdout
         assert json.loads(dog.stdout)["overdue"][0]["missed"]["slots"] == [_at(10)]
 

@@ -25,11 +25,11 @@ from runner.schedule.slots import Schedule
 from runner.testing import RedisServer
 from tests.helpers.lease_tools import counting_client
 from tests.helpers.proc import (
-    CRON_RUNNER,
     cronjob_env,
     events,
     outcome,
     run,
+    run_at,
     runner_env,
     spawn,
 )
@@ -310,17 +310,6 @@ def _at(hour: int, minute: int = 0) -> int:
     return int(_day().replace(hour=hour, minute=minute).timestamp())
 
 
-def _faked(at_s: int, args: list[str], env: dict[str, str]) -> subprocess.CompletedProcess[str]:
-    stamp = datetime.fromtimestamp(at_s, UTC).strftime("%Y-%m-%d %H:%M:%S")
-    return subprocess.run(
-        ["faketime", "-f", f"@{stamp}", CRON_RUNNER, *args],
-        env={**env, "TZ": "UTC"},
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-
-
 def test_a_paused_task_is_not_overdue_and_the_slots_of_its_pause_are_never_missed(
     redis_server: RedisServer, r: redis.Redis
 ) -> None:
@@ -337,10 +326,10 @@ def test_a_paused_task_is_not_overdue_and_the_slots_of_its_pause_are_never_misse
 
     for task in tasks:
         assert pod(task, 10).returncode == 0
-        paused = _faked(_at(10, 30), ["pause", task, "--note", "vendor outage"], plain)
+        paused = run_at(_at(10, 30), ["pause", task, "--note", "vendor outage"], plain)
         assert paused.returncode == 0, paused.stderr
 
-    dog = _faked(_at(12, 30), ["watchdog", "-o", "json", "--ignore", "quiet"], plain)
+    dog = run_at(_at(12, 30), ["watchdog", "-o", "json", "--ignore", "quiet"], plain)
     assert dog.returncode == 0, dog.stdout + dog.stderr
     doc = json.loads(dog.stdout)
     assert doc["overdue"] == []
@@ -350,10 +339,10 @@ def test_a_paused_task_is_not_overdue_and_the_slots_of_its_pause_are_never_misse
     assert shown["since"].startswith(since)
     assert {**shown, "since": ""} == {"task": "logged", "by": "ops", "since": "", "until": None,
                                       "note": "vendor outage"}  # fmt: skip
-    text = _faked(_at(12, 30), ["watchdog", "--ignore", "quiet"], plain)
+    text = run_at(_at(12, 30), ["watchdog", "--ignore", "quiet"], plain)
     assert "PAUSED  logged: by ops since" in text.stdout
     assert "1 paused (not overdue while paused)" in text.stdout
-    table = _faked(_at(12, 30), ["status"], plain).stdout
+    table = run_at(_at(12, 30), ["status"], plain).stdout
     assert "no (paused)" in table and "PAUSED  quiet: by ops" in table
     assert r.zrange(keys("logged").missed, 0, -1) == []
 
@@ -361,16 +350,16 @@ def test_a_paused_task_is_not_overdue_and_the_slots_of_its_pause_are_never_misse
     for task in tasks:
         skipped = pod(task, 12)
         assert (skipped.returncode, outcome(skipped.stderr)) == (0, "paused"), skipped.stderr
-        assert _faked(_at(13, 30), ["resume", task], plain).returncode == 0
+        assert run_at(_at(13, 30), ["resume", task], plain).returncode == 0
         assert pod(task, 14, 1).returncode == 1
 
-    dog = _faked(_at(16, 30), ["watchdog", "-o", "json"], plain)
+    dog = run_at(_at(16, 30), ["watchdog", "-o", "json"], plain)
     assert dog.returncode == 1
     missed = {o["task"]: o["missed"]["slots"] for o in json.loads(dog.stdout)["overdue"]}
     assert missed == {task: [_at(14), _at(15), _at(16)] for task in tasks}
     assert json.loads(dog.stdout)["paused"] == []
 
-    history = json.loads(_faked(_at(16, 30), ["history", "quiet", "-o", "json"], plain).stdout)
+    history = json.loads(run_at(_at(16, 30), ["history", "quiet", "-o", "json"], plain).stdout)
     outcomes = [(run_["outcome"], run_["holder"]) for run_ in reversed(history["runs"])]
     assert [o for o, _ in outcomes] == ["ran", "pause", "paused", "resume", "failed"]
     pause_run = next(x for x in history["runs"] if x["outcome"] == "pause")

@@ -8,7 +8,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import parse_qs, urlsplit
 
@@ -16,7 +16,7 @@ import pytest
 
 from runner.errors import ConfigError
 from runner.testing import RedisServer, free_port
-from tests.helpers.proc import ROOT, outcome, run, runner_env
+from tests.helpers.proc import ROOT, cronjob_env, outcome, run, runner_env
 from tests.helpers.wait import clear_of_slot_edge
 
 
@@ -109,6 +109,42 @@ def test_a_skipped_replica_does_not_ping(redis_server: RedisServer, recorder: Re
     skipped = run(["exec", "--name", "once", "--holder", "b", "--", "true"], env)
     assert outcome(skipped.stderr) == "skipped_done"
     assert [p for p, _ in recorder.pings()] == ["/ping/abc/start", "/ping/abc"]
+
+
+def _an_hour_ago_daily() -> str:
+    then = time.gmtime(time.time() - 3600)
+    return f"{then.tm_min} {then.tm_hour} * * *"
+
+
+def _too_late(redis_url: str) -> dict[str, str]:
+    # A crontab line an hour past its slot, with the default starting deadline of 300 s.
+    env = runner_env(redis_url, CRON_RUNNER_SCHEDULE=_an_hour_ago_daily())
+    del env["CRON_RUNNER_STARTING_DEADLINE"]
+    return env
+
+
+def _stale(redis_url: str) -> dict[str, str]:
+    # A CronJob pod of a daily slot three days old: past its marker's retention (two days).
+    old_s = (int(time.time()) // 86_400 - 3) * 86_400 + 3 * 3600
+    env = cronjob_env(redis_url, "late", "0 3 * * *", old_s)
+    del env["CRON_RUNNER_SLOT_RETENTION"]
+    return env
+
+
+@pytest.mark.parametrize(("expected", "env_for"), [("too_late", _too_late),
+                                                   ("skipped_stale", _stale)])  # fmt: skip
+def test_a_slot_not_run_for_being_late_or_stale_does_not_ping_success(
+    redis_server: RedisServer,
+    recorder: Recorder,
+    expected: str,
+    env_for: Callable[[str], dict[str, str]],
+) -> None:
+    # Exit 0, yet the task never ran: a success ping would hide the missed run from the
+    # dead-man's switch, and a failure ping would page for a slot another runner may have run.
+    env = {**env_for(redis_server.url), "CRON_RUNNER_PING_URL": recorder.url}
+    res = run(["exec", "--name", "late", "--", "true"], env)
+    assert (outcome(res.stderr), res.returncode) == (expected, 0), res.stderr
+    assert recorder.pings() == []
 
 
 def test_redis_unreachable_pings_its_exit_code(recorder: Recorder) -> None:

@@ -219,10 +219,14 @@ def test_buffer_one_one_slot_waits_a_later_one_replaces_it_an_older_never_runs_a
     assert [e["outcome"] for e in stream_entries(r, KEYS.runs)] == ["skipped_held", "ran"]
 
 
-def test_buffer_one_last_look_of_a_wait_records_the_skip(r: redis.Redis) -> None:
-    acquired(lease(r, "s0", SLOT, overlap=BUFFER_ONE).acquire(SLOT))
-    s1 = lease(r, "s1", SLOT + GAP, overlap=BUFFER_ONE)
-    assert held(s1.acquire(SLOT + GAP)).note == BUFFERED
+@pytest.mark.parametrize(("overlap", "waiting"), [(BUFFER_ONE, BUFFERED), (REPLACE, PREEMPTING)])
+def test_the_last_look_of_a_wait_records_a_holder_that_never_left(
+    r: redis.Redis, overlap: str, waiting: str
+) -> None:
+    # buffer-one: the holder ran past the wait; replace: it was asked to stop and never did.
+    acquired(lease(r, "s0", SLOT, overlap=overlap).acquire(SLOT))
+    s1 = lease(r, "s1", SLOT + GAP, overlap=overlap)
+    assert held(s1.acquire(SLOT + GAP)).note == waiting
     assert held(s1.acquire(SLOT + GAP, final=True)).note == GAVE_UP
     (record,) = stream_entries(r, KEYS.runs)
     assert record["error"] == "held by s0 past the overlap wait"
@@ -268,15 +272,6 @@ def test_replace_an_older_slot_never_asks_a_newer_one_and_a_newer_ask_wins(
     s1, s2 = (lease(r, f"s{i}", SLOT + i * GAP, overlap=REPLACE) for i in (1, 2))
     assert held(s2.acquire(SLOT + 2 * GAP)).note == PREEMPTING
     assert held(s1.acquire(SLOT + GAP)).note == SUPERSEDED
-
-
-def test_replace_last_look_records_a_holder_that_never_stopped(r: redis.Redis) -> None:
-    acquired(lease(r, "frozen", SLOT, overlap=REPLACE).acquire(SLOT))
-    new = lease(r, "new", SLOT + GAP, overlap=REPLACE)
-    assert held(new.acquire(SLOT + GAP)).note == PREEMPTING
-    assert held(new.acquire(SLOT + GAP, final=True)).note == GAVE_UP
-    (record,) = stream_entries(r, KEYS.runs)
-    assert record["error"] == "held by frozen past the overlap wait"
 
 
 # -- allow-other-slots ---------------------------------------------------------------------------

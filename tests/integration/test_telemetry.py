@@ -17,7 +17,16 @@ import redis
 from runner.errors import StoreUnavailable
 from runner.testing import RedisServer, free_port
 from tests.helpers.otlp import HungCollector, OtlpReceiver, Point, ReceivedSpan
-from tests.helpers.proc import LEASE, ROOT, events, outcome, run, runner_env, side_effects, spawn
+from tests.helpers.proc import (
+    LEASE,
+    ROOT,
+    events,
+    outcome,
+    run,
+    runner_env,
+    side_effects,
+    spawn_started,
+)
 from tests.helpers.wait import wait_for
 
 TASKS = "tests.sample_tasks,tests.helpers.traced_tasks"
@@ -148,8 +157,7 @@ def test_lease_lost_counts_renewals_and_the_failed_one(
         TASK_SECONDS="30",
         CRON_RUNNER_LEASE_TTL="1500ms",
     )
-    proc = spawn(["run", "slow"], env)
-    wait_for(lambda: side_effects(effects, "start"), what="task start")
+    proc = spawn_started(["run", "slow"], env, effects)
     wait_for(lambda: len(side_effects(effects, "step")) > 25, what="a renewal's worth of steps")
     r.set(LEASE % "slow", "thief:0000", px=60_000)
     _, stderr = proc.communicate(timeout=30)
@@ -169,8 +177,7 @@ def test_sigterm_still_delivers_telemetry(
 ) -> None:
     effects = tmp_path / "effects.log"
     env = _env(redis_server.url, receiver.endpoint, SIDE_EFFECTS=str(effects), TASK_SECONDS="30")
-    proc = spawn(["run", "slow"], env)
-    wait_for(lambda: side_effects(effects, "start"), what="task start")
+    proc = spawn_started(["run", "slow"], env, effects)
     proc.send_signal(signal.SIGTERM)
     _, stderr = proc.communicate(timeout=30)
     assert proc.returncode == 143, stderr

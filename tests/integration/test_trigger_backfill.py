@@ -40,10 +40,18 @@ def backfill_cmd(
             "--to", str(end), *extra, "--", "sh", "-c", script]  # fmt: skip
 
 
+def holding(
+    r: redis.Redis, task: str, holder: str, slot: int, ttl_ms: int, *, indexed: bool = True
+) -> Lease:
+    """A run of ``slot`` by ``holder`` that holds the task's lease."""
+    lease = Lease(r, keys(task), new_token(holder, slot), ttl_ms=ttl_ms, indexed=indexed)
+    assert isinstance(lease.acquire(slot), Acquired)
+    return lease
+
+
 def mark_done(r: redis.Redis, task: str, slot: int, holder: str = "earlier") -> None:
     """A run of ``slot`` that happened (the real lease scripts, as a run leaves them)."""
-    lease = Lease(r, keys(task), new_token(holder, slot), ttl_ms=10_000, indexed=False)
-    assert isinstance(lease.acquire(slot), Acquired)
+    lease = holding(r, task, holder, slot, ttl_ms=10_000, indexed=False)
     lease.complete(slot, {"slot": slot, "outcome": "ran"}, {"last_success_slot": slot})
 
 
@@ -139,8 +147,7 @@ def test_a_held_lease_is_waited_for_not_skipped(
 ) -> None:
     slots = last_slots(3)
     # The current slot's run holds the lease while the backfill starts.
-    held = Lease(r, keys("bf"), new_token("scheduled", slots[-1]), ttl_ms=30_000)
-    assert isinstance(held.acquire(slots[-1]), Acquired)
+    held = holding(r, "bf", "scheduled", slots[-1], ttl_ms=30_000)
     effects = tmp_path / "effects"
     backfill = LoggedRun(
         backfill_cmd("bf", slots[0], slots[1], effects, "--wait", "60s"), env, tmp_path / "log"
@@ -166,8 +173,7 @@ def test_a_lease_held_past_the_wait_stops_the_backfill_with_75(
     env: dict[str, str], r: redis.Redis, tmp_path: Path
 ) -> None:
     slots = last_slots(3)
-    held = Lease(r, keys("bf"), new_token("long-run", slots[-1]), ttl_ms=60_000)
-    assert isinstance(held.acquire(slots[-1]), Acquired)
+    holding(r, "bf", "long-run", slots[-1], ttl_ms=60_000)
     effects = tmp_path / "effects"
     done = run(backfill_cmd("bf", slots[0], slots[1], effects, "--wait", "1s"), env)
 

@@ -77,6 +77,11 @@ class WorkerProc:
     def wait(self, timeout: float = 60) -> int:
         return self.proc.wait(timeout=timeout)
 
+    def stopped(self, timeout: float = 30) -> tuple[int, str]:
+        """SIGTERM, as Kubernetes stops a pod: the exit code and the log once it has exited."""
+        self.terminate()
+        return self.wait(timeout), self.text()
+
     def stop(self) -> None:
         if self.proc.poll() is None:
             self.kill_group()

@@ -58,6 +58,12 @@ def acl_env(redis_server: RedisServer, r: redis.Redis) -> Iterator[dict[str, str
     )
 
 
+def _assert_never_refused(code: int, text: str) -> None:
+    """The worker stopped cleanly and Redis refused it nothing on the way."""
+    assert code == 0, text[-2000:]
+    assert "NOPERM" not in text and "no permissions" not in text, text[-2000:]
+
+
 def test_every_queue_path_as_the_acl_user(
     redis_server: RedisServer, r: redis.Redis, acl_env: dict[str, str]
 ) -> None:
@@ -105,12 +111,10 @@ def test_every_queue_path_as_the_acl_user(
         retried = cli(acl_env, "dlq", "retry", "q-doomed", "--all")
         assert retried.returncode == 0, retried.stderr
         wait_for(lambda: len(effects(r, "ran")) == 9, 30, "the retried job to run")
-        worker.terminate()
-        assert worker.wait(30) == 0
-        text = worker.text()
+        code, text = worker.stopped()
     finally:
         worker.stop()
-    assert "NOPERM" not in text and "no permissions" not in text, text[-2000:]
+    _assert_never_refused(code, text)
     assert [e for e in events(text) if e.get("event") == "rate_limited"]
 
 
@@ -142,12 +146,10 @@ def test_queue_mode_within_one_scope_as_its_acl_user(
         assert "q-ok" in status.stdout
         listed = cli(env, "dlq", "list", "q-ok")
         assert listed.returncode == 0, listed.stderr
-        worker.terminate()
-        assert worker.wait(30) == 0
-        text = worker.text()
+        code, text = worker.stopped()
     finally:
         worker.stop()
-    assert "NOPERM" not in text and "no permissions" not in text, text[-2000:]
+    _assert_never_refused(code, text)
 
     r.rpush("cron-runner:queue:team-b:q-ok", "b-message")
     intruder = {**enqueue, "CRON_RUNNER_SCOPE": "team-b"}

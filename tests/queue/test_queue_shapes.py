@@ -61,9 +61,7 @@ def enqueue_then_work(env: dict[str, str], primary: redis.Redis, effects: Path) 
         assert worker.ready(), worker.text()[-3000:]
         wait_for(lambda: side_effects(effects), 20, "the job to run")
         wait_for(lambda: unacked(primary) == 0, 10, "the worker to acknowledge the job")
-        worker.terminate()
-        code = worker.wait(30)
-        text = worker.text()
+        code, text = worker.stopped()
     finally:
         worker.stop()
     assert code == 0, text[-3000:]
