@@ -508,12 +508,13 @@ _GET_CONNECTION_ARGS: tuple[str, ...] = () if REDIS_VERSION >= (5, 3) else ("EVA
 
 
 def _direct(client: Redis, *command: Any) -> Any:
-    """One command on a pooled connection of a plain ``redis.Redis`` (standalone or a
-    sentinel's primary), without the client's per-command machinery: its retry wrapper and
-    response callbacks (EVAL has none) cost a run's two scripts more client CPU than their
-    packing and parsing (bench/README.md). The connection still checks its health and
-    disconnects itself on a socket error; runner.lease.store retries. A Cluster client, or one
-    on a single connection, goes through ``evalsha`` as before."""
+    """One command on a pooled connection of a plain ``redis.Redis`` (a standalone Redis),
+    without the client's per-command machinery: its retry wrapper and response callbacks (EVAL
+    has none) cost a run's two scripts more client CPU than their packing and parsing
+    (bench/README.md). The connection still checks its health, and disconnects itself on any
+    error mid-command, as under the client; runner.lease.store retries. Any other client keeps
+    its own path: Cluster, one on a single connection, and runner.lease.store's
+    SentinelPrimary, whose execute_command asks the sentinels for the primary first."""
     pool = client.connection_pool
     conn = pool.get_connection(*_GET_CONNECTION_ARGS)
     try:
