@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import re
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -173,7 +174,7 @@ def test_control_characters_in_a_holder_are_escaped_in_status(
 SCOPE_RULE = (
     "resetkeys ~cron-runner:{SCOPE:* resetchannels -@all "
     "+evalsha +eval +get +set +pexpire +pttl +incr +time +hmget +hget +del +xadd +hset +sadd +ping "
-    "+smembers +hgetall +xrange +xrevrange +hsetnx +srem +hdel"
+    "+smembers +hgetall +xrange +xrevrange +hsetnx +hincrby +srem +hdel"
 )
 
 
@@ -200,6 +201,12 @@ def test_a_team_reaches_only_its_own_scope(
     assert run(["run", "ok"], a).returncode == 0
     assert run(["check"], a).returncode == 0
     assert run(["exec", "--name", "payroll", "--", "true"], b).returncode == 0
+    # A slot run twice: the second run skips it, and the skip is counted on its marker.
+    minutes = int(time.time() // 60) - 1
+    slot_env = {**a, "CRON_RUNNER_JOB_NAME": f"billing-{minutes}"}
+    for _ in range(2):
+        assert run(["exec", "--name", "billing", "--", "true"], slot_env).returncode == 0
+    assert r.hget(f"cron-runner:{{team-a:billing}}:slot:{minutes * 60}", "skips") == "1"
     r.set("cron-runner:{team-b:payroll}:lease", "pod-b:1", px=60_000)
 
     # status and the watchdog list the team's tasks, and only them, with no SCAN allowed.

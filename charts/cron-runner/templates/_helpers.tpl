@@ -235,7 +235,7 @@ user per scope; the rule is tested word for word there).
 {{- $scope := include "cron-runner.scope" . }}
 {{- $prefix := include "cron-runner.keyPrefix" . }}
 {{- $user := default "cron-runner" .Values.redis.auth.username }}
-{{- $commands := "+evalsha +eval +get +set +pexpire +pttl +incr +time +hmget +hget +del +xadd +hset +sadd +ping +smembers +hgetall +xrange +xrevrange +hsetnx +srem +hdel" }}
+{{- $commands := "+evalsha +eval +get +set +pexpire +pttl +incr +time +hmget +hget +del +xadd +hset +sadd +ping +smembers +hgetall +xrange +xrevrange +hsetnx +hincrby +srem +hdel" }}
 {{- if and (not .Values.redis.bundled.enabled) (ne (int64 .Values.redis.db) 0) }}{{ $commands = printf "%s +select" $commands }}{{ end }}
 {{- if .Values.redis.minReplicas }}{{ $commands = printf "%s +wait" $commands }}{{ end }}
 {{- printf "ACL SETUSER %s on >PASSWORD resetkeys ~%s:{%s:* resetchannels -@all %s" $user $prefix $scope $commands }}
