@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
 
 from runner.errors import ConfigError
 
@@ -24,13 +23,23 @@ def scope_index(prefix: str, scope: str) -> str:
     return f"{prefix}:{{{scope}:}}:tasks"
 
 
-@dataclass(frozen=True)
 class TaskKeys:
+    """Immutable, compared and hashed by value. A plain class, not a frozen dataclass: every
+    run builds one, and a dataclass costs ~1 ms of start-up to create (bench/README.md)."""
+
+    __slots__ = ("prefix", "scope", "task")
     prefix: str
     scope: str
     task: str
 
-    def __post_init__(self) -> None:
+    def __init__(self, prefix: str, scope: str, task: str) -> None:
+        setter = object.__setattr__
+        setter(self, "prefix", prefix)
+        setter(self, "scope", scope)
+        setter(self, "task", task)
+        self._validate()
+
+    def _validate(self) -> None:
         if not PREFIX_RE.match(self.prefix):
             raise ConfigError(
                 f"key prefix {self.prefix!r} is not valid: expected letters, digits, '.', '_', "
@@ -38,6 +47,29 @@ class TaskKeys:
             )
         validate_name("scope", self.scope)
         validate_name("task name", self.task)
+
+    def __setattr__(self, name: str, value: object) -> None:
+        raise AttributeError(f"cannot assign to field {name!r}: {type(self).__name__} is immutable")
+
+    def __delattr__(self, name: str) -> None:
+        raise AttributeError(f"cannot delete field {name!r}: {type(self).__name__} is immutable")
+
+    def _key(self) -> tuple[str, str, str]:
+        return (self.prefix, self.scope, self.task)
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, TaskKeys) or other.__class__ is not self.__class__:
+            return NotImplemented
+        return self._key() == other._key()
+
+    def __hash__(self) -> int:
+        return hash(self._key())
+
+    def __repr__(self) -> str:
+        return (
+            f"{type(self).__qualname__}(prefix={self.prefix!r}, scope={self.scope!r}, "
+            f"task={self.task!r})"
+        )
 
     @property
     def index(self) -> str:
@@ -110,11 +142,12 @@ class TaskKeys:
 SCRATCH_TASK_PREFIX = "_cron-runner-check-"
 
 
-@dataclass(frozen=True)
 class ScratchKeys(TaskKeys):
     """The keys of `check`'s scratch task, in the scope's keyspace like any task's."""
 
-    def __post_init__(self) -> None:
+    __slots__ = ()
+
+    def _validate(self) -> None:
         TaskKeys(self.prefix, self.scope, "check")  # validates prefix and scope
         if not self.task.startswith(SCRATCH_TASK_PREFIX):
             raise ValueError(f"a scratch task name starts with {SCRATCH_TASK_PREFIX!r}")

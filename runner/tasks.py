@@ -13,16 +13,16 @@ import re
 import sys
 import threading
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, field
-from importlib.metadata import entry_points
 from types import ModuleType
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
-from runner.config.rates import RateLimit, parse_rate_limit
 from runner.config.settings import CATCHUPS, OVERLAPS
 from runner.config.sources import parse_duration
 from runner.errors import Cancelled, ConfigError, UnknownTask
 from runner.keys import validate_name
+
+if TYPE_CHECKING:
+    from runner.config.rates import RateLimit
 
 ENTRY_POINT_GROUP = "cron_runner.tasks"
 _MARK = "__cron_runner_task__"
@@ -79,6 +79,13 @@ def _seconds(what: str, value: Duration | None) -> float | None:
     return seconds
 
 
+def _rate_limit(text: str, what: str) -> RateLimit:
+    # Queue mode's only: a run's start does not import the rate parser.
+    from runner.config.rates import parse_rate_limit  # noqa: PLC0415
+
+    return parse_rate_limit(text, what)
+
+
 def task(
     name: str,
     *,
@@ -131,7 +138,7 @@ def task(
         time_limit_s=_seconds(f"task {name!r}: time_limit", time_limit),
         rate_limit=None
         if rate_limit is None
-        else parse_rate_limit(rate_limit, f"task {name!r}: rate_limit"),
+        else _rate_limit(rate_limit, f"task {name!r}: rate_limit"),
     )
     low, high = options.min_backoff_s, options.max_backoff_s
     if low is not None and high is not None and low > high:
@@ -196,22 +203,55 @@ def catchup_options(fn: TaskFn) -> CatchupOptions:
     return options if isinstance(options, CatchupOptions) else CatchupOptions()
 
 
-@dataclass
 class RunContext:
-    """What a running task knows about its run. Loop with ``ctx.check()`` between units of work."""
+    """What a running task knows about its run. Loop with ``ctx.check()`` between units of work.
 
-    task: str
-    slot: int | None
-    fencing_token: int
-    holder: str
-    logger: logging.LoggerAdapter[logging.Logger]
-    cancelled: threading.Event = field(default_factory=threading.Event)
-    # Consulted by check() on the caller's own thread, so a task resumed after a pause
-    # sees its deadline even before the keeper thread has run.
-    lease_valid: Callable[[], bool] = lambda: True
-    cancel_reason: str = ""
-    # Queue mode: the JSON object the message carried (references, not big objects).
-    payload: Mapping[str, Any] = field(default_factory=dict)
+    ``lease_valid`` is consulted by ``check()`` on the caller's own thread, so a task resumed
+    after a pause sees its deadline even before the keeper thread has run. ``payload``: in
+    queue mode, the JSON object the message carried (references, not big objects).
+
+    Compared and shown field by field, like the dataclass it was: a plain class because every
+    run builds one, and creating a dataclass costs ~1 ms of start-up (bench/README.md).
+    """
+
+    __hash__ = None  # type: ignore[assignment]  # mutable and compared by value
+
+    def __init__(  # noqa: PLR0917 - the dataclass's signature, positional fields included
+        self,
+        task: str,
+        slot: int | None,
+        fencing_token: int,
+        holder: str,
+        logger: logging.LoggerAdapter[logging.Logger],
+        cancelled: threading.Event | None = None,
+        lease_valid: Callable[[], bool] = lambda: True,
+        cancel_reason: str = "",
+        payload: Mapping[str, Any] | None = None,
+    ) -> None:
+        self.task = task
+        self.slot = slot
+        self.fencing_token = fencing_token
+        self.holder = holder
+        self.logger = logger
+        self.cancelled = threading.Event() if cancelled is None else cancelled
+        self.lease_valid = lease_valid
+        self.cancel_reason = cancel_reason
+        self.payload: Mapping[str, Any] = {} if payload is None else payload
+
+    def _fields(self) -> tuple[object, ...]:
+        return (self.task, self.slot, self.fencing_token, self.holder, self.logger,
+                self.cancelled, self.lease_valid, self.cancel_reason, self.payload)  # fmt: skip
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, RunContext) or other.__class__ is not self.__class__:
+            return NotImplemented
+        return self._fields() == other._fields()
+
+    def __repr__(self) -> str:
+        names = ("task", "slot", "fencing_token", "holder", "logger", "cancelled",
+                 "lease_valid", "cancel_reason", "payload")  # fmt: skip
+        shown = ", ".join(f"{n}={v!r}" for n, v in zip(names, self._fields(), strict=True))
+        return f"{type(self).__qualname__}({shown})"
 
     def cancel(self, reason: str) -> None:
         if not self.cancelled.is_set():
@@ -332,6 +372,8 @@ class Registry:
         for module_name in modules:
             registry.add_module(_import(module_name, "CRON_RUNNER_TASK_MODULES"), "module")
         if use_entry_points:
+            from importlib.metadata import entry_points  # noqa: PLC0415 - `run` and `tasks` only
+
             for ep in entry_points(group=ENTRY_POINT_GROUP):
                 origin = f"entry point {ep.name} = {ep.value}"
                 if ":" in ep.value:
