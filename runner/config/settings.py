@@ -564,18 +564,16 @@ def _window(src: Source, name: str) -> float | None:
     return src.duration(name, 0.0, zero=True)
 
 
-# What the controller writes: Go's time.RFC3339, whole seconds, 'Z' or a numeric offset.
-_RFC3339_RE = re.compile(
-    r"[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9]{2}:[0-9]{2}:[0-9]{2}(?:\.[0-9]+)?(?:Z|[+-][0-9]{2}:[0-9]{2})\Z",
-    re.ASCII,
-)
+# What the controller writes: Go's time.RFC3339, whole seconds, 'Z' or a numeric offset. A
+# pattern, not compiled: re compiles it on first use, only where the annotation is set.
+_RFC3339_RE = r"(?a)[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9]{2}:[0-9]{2}:[0-9]{2}(?:\.[0-9]+)?(?:Z|[+-][0-9]{2}:[0-9]{2})\Z"
 
 
 def _rfc3339(value: str, origin: str) -> float:
     from datetime import datetime  # noqa: PLC0415 - only when the annotation is there
 
     try:
-        if not _RFC3339_RE.match(value):
+        if not re.match(_RFC3339_RE, value):
             raise ValueError(value)
         return datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp()
     except ValueError as exc:
