@@ -8,7 +8,7 @@ import logging
 import os
 import sys
 from collections.abc import Callable, MutableMapping, Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from runner import __version__, logs
 from runner.config.settings import Settings, load_settings, task_environment, url_has_password
@@ -129,24 +129,8 @@ class _Parser(argparse.ArgumentParser):
         raise UsageError(f"{self.prog}: {message}")
 
 
-# The commands a CronJob pod or a crontab line runs: their start is on every run's hot path.
-HOT_COMMANDS = ("run", "exec")
-
-
-def build_parser(command: str | None = None) -> argparse.ArgumentParser:
-    """All subcommands, or, for a hot command, only the core ones: building the operations
-    and queue parsers costs several milliseconds that `run` and `exec` never use."""
+def _add_run(sub: Any) -> None:
     fmt = argparse.RawDescriptionHelpFormatter
-    parser = _Parser(
-        prog="cron-runner",
-        description="Run a scheduled job once and only once across replicas, clusters and servers, "
-        "guarded by a fenced, renewed Redis lease.",
-        epilog=EXIT_CODES + "\n" + ENVIRONMENT,
-        formatter_class=fmt,
-    )
-    parser.add_argument("--version", action="version", version=f"cron-runner {__version__}")
-    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
-
     p = sub.add_parser(
         "run",
         help="run a registered Python task under the lease",
@@ -165,6 +149,9 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     _add_setting_flags(p, (*RUN_FLAGS, "MODE", *COMMON_FLAGS))
     p.set_defaults(handler=cmd_run)
 
+
+def _add_exec(sub: Any) -> None:
+    fmt = argparse.RawDescriptionHelpFormatter
     p = sub.add_parser(
         "exec",
         help="run a command under the lease (crontab lines, PHP/Node/Go jobs)",
@@ -178,6 +165,8 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     p.add_argument("argv", nargs=argparse.REMAINDER, metavar="-- CMD ARGS", help="the command")
     p.set_defaults(handler=cmd_exec)
 
+
+def _add_tasks(sub: Any) -> None:
     p = sub.add_parser(
         "tasks",
         help="list the registered tasks and where each comes from",
@@ -187,9 +176,34 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     )
     _add_setting_flags(p, ("LOG_FORMAT", "LOG_LEVEL"))
     p.set_defaults(handler=cmd_tasks)
-    if command in HOT_COMMANDS:
-        return parser
 
+
+# The commands a CronJob pod or a crontab line runs: their start is on every run's hot path.
+HOT_COMMANDS = ("run", "exec")
+_HOT_PARSERS: dict[str, Callable[[Any], None]] = {"run": _add_run, "exec": _add_exec}
+
+
+def build_parser(command: str | None = None) -> argparse.ArgumentParser:
+    """All subcommands, or, for a hot command, only its own: building the other parsers costs
+    milliseconds (each argument makes a formatter, each parser looks up translations) that a
+    `run` or `exec` never uses."""
+    fmt = argparse.RawDescriptionHelpFormatter
+    parser = _Parser(
+        prog="cron-runner",
+        description="Run a scheduled job once and only once across replicas, clusters and servers, "
+        "guarded by a fenced, renewed Redis lease.",
+        epilog=EXIT_CODES + "\n" + ENVIRONMENT,
+        formatter_class=fmt,
+    )
+    parser.add_argument("--version", action="version", version=f"cron-runner {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+
+    if command in HOT_COMMANDS:
+        _HOT_PARSERS[command](sub)
+        return parser
+    _add_run(sub)
+    _add_exec(sub)
+    _add_tasks(sub)
     from runner.cli import ops  # noqa: PLC0415 - ops adds its own subcommands
 
     ops.add_commands(sub, lambda p, names: _add_setting_flags(p, (*names, *COMMON_FLAGS)))
