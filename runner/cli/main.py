@@ -448,6 +448,34 @@ def _hide_credentials(env: MutableMapping[str, str]) -> None:
             del env[name]
 
 
+def _import_redis_without_opentelemetry() -> None:
+    """Import redis-py with OpenTelemetry out of its reach, for a run whose telemetry is off.
+
+    redis-py 7.2 and later try ``from opentelemetry.metrics import Meter`` and ``from
+    opentelemetry.sdk.metrics import MeterProvider`` at ``import redis``, for their own opt-in
+    metrics: with OpenTelemetry installed (our telemetry extra) that is some 60 modules in
+    every run. A ``None`` in ``sys.modules`` makes those imports fail as if OpenTelemetry were
+    absent, for this one import only: what imports it later (a task, or redis-py when its
+    metrics are turned on) gets it as usual. The one flag redis-py keeps from the failed
+    import, ``OTEL_AVAILABLE``, which its metrics collector reads before it starts, is set
+    back to whether OpenTelemetry is installed, found without importing it. Only the CLI's
+    run and exec do this: ``import runner`` in an application changes nothing.
+    """
+    if "redis" in sys.modules or "opentelemetry" in sys.modules:
+        return
+    sys.modules["opentelemetry"] = None  # type: ignore[assignment]
+    try:
+        import redis  # noqa: F401, PLC0415
+    finally:
+        del sys.modules["opentelemetry"]
+    metrics = sys.modules.get("redis.observability.metrics")
+    if metrics is None or getattr(metrics, "OTEL_AVAILABLE", None) is not False:
+        return
+    import importlib.util  # noqa: PLC0415
+
+    vars(metrics)["OTEL_AVAILABLE"] = importlib.util.find_spec("opentelemetry") is not None
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args_list = sys.argv[1:] if argv is None else list(argv)
     parser = build_parser(args_list[0] if args_list else None)
@@ -467,6 +495,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             )
         if not settings.run.share_credentials:
             _hide_credentials(os.environ)
+        if args.command in HOT_COMMANDS and not settings.telemetry.enabled:
+            _import_redis_without_opentelemetry()
         handler: Callable[[argparse.Namespace, Settings], int] = args.handler
         return handler(args, settings)
     # Every error ends here, with its own exit code (runner.errors): the one mapping.

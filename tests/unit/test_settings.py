@@ -134,7 +134,7 @@ def test_exec_path_imports_no_optional_heavy_modules() -> None:
     # A CronJob pod starts cold every run: `exec` must not pay for what it does not use.
     code = (
         "import sys, runner.cli.main, runner.run.execution, runner.lease.store, runner.run.targets;"
-        "heavy = ['croniter', 'runner.schedule.cron', 'opentelemetry', 'dramatiq', 'kubernetes', 'yaml',"
+        "heavy = ['croniter', 'runner.schedule.cron', 'runner.config.rates', 'opentelemetry', 'dramatiq', 'kubernetes', 'yaml',"
         " 'runner.cli.adopt'];"
         "print([m for m in heavy if m in sys.modules])"
     )
