@@ -4,7 +4,9 @@ The decorator only marks a function; the registry is built by scanning modules, 
 there is no global mutable registry for tests to reset.
 """
 
-from __future__ import annotations
+# No `from __future__ import annotations` here: typing.NamedTuple turns each string
+# annotation into a ForwardRef, compiling it, which made creating these classes take about
+# twice as long at every start (bench/README.md, Cold start).
 
 import importlib
 import logging
@@ -48,7 +50,7 @@ class QueueOptions(NamedTuple):
     min_backoff_s: float | None = None
     max_backoff_s: float | None = None
     time_limit_s: float | None = None
-    rate_limit: RateLimit | None = None
+    rate_limit: "RateLimit | None" = None
 
 
 class RunOptions(NamedTuple):
@@ -79,7 +81,7 @@ def _seconds(what: str, value: Duration | None) -> float | None:
     return seconds
 
 
-def _rate_limit(text: str, what: str) -> RateLimit:
+def _rate_limit(text: str, what: str) -> "RateLimit":
     # Queue mode's only: a run's start does not import the rate parser.
     from runner.config.rates import parse_rate_limit  # noqa: PLC0415
 
@@ -366,7 +368,7 @@ class Registry:
         raise UnknownTask(f"unknown task {name!r}; known tasks: {known}")
 
     @classmethod
-    def discover(cls, modules: Iterable[str] = (), *, use_entry_points: bool = True) -> Registry:
+    def discover(cls, modules: Iterable[str] = (), *, use_entry_points: bool = True) -> "Registry":
         """Tasks from CRON_RUNNER_TASK_MODULES and from the ``cron_runner.tasks`` entry points."""
         registry = cls()
         for module_name in modules:

@@ -5,7 +5,9 @@ A bad value raises ``ConfigError`` naming the flag or variable it came from and 
 form (runner.config.sources reads the text; runner.config.timings derives the lease's timings).
 """
 
-from __future__ import annotations
+# No `from __future__ import annotations` here: typing.NamedTuple turns each string
+# annotation into a ForwardRef, compiling it, which made creating these classes take about
+# twice as long at every start (bench/README.md, Cold start).
 
 import os
 import re
