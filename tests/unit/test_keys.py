@@ -127,3 +127,21 @@ def test_any_text_is_refused_or_gives_one_slot(prefix: str, scope: str, task: st
         assert len(part) <= 63
         assert not set(part) & set("{}:\n")
     assert not set(prefix) & set("{}\n")
+
+
+def test_task_keys_are_values_compared_hashed_and_shown_by_their_fields() -> None:
+    from runner.keys import SCRATCH_TASK_PREFIX, ScratchKeys  # noqa: PLC0415
+
+    keys = TaskKeys("cron-runner", "default", "report")
+    assert keys == TaskKeys(prefix="cron-runner", scope="default", task="report")
+    assert keys != TaskKeys("cron-runner", "default", "invoice")
+    assert len({keys, TaskKeys("cron-runner", "default", "report")}) == 1
+    assert repr(keys) == "TaskKeys(prefix='cron-runner', scope='default', task='report')"
+    with pytest.raises(AttributeError):
+        keys.task = "other"
+    scratch = ScratchKeys("cron-runner", "default", SCRATCH_TASK_PREFIX + "1")
+    assert scratch == ScratchKeys("cron-runner", "default", SCRATCH_TASK_PREFIX + "1")
+    with pytest.raises(ValueError, match="scratch task"):
+        ScratchKeys("cron-runner", "default", "report")
+    with pytest.raises(ConfigError, match="scope"):
+        ScratchKeys("cron-runner", "bad{scope}", SCRATCH_TASK_PREFIX + "1")
