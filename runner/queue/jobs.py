@@ -48,9 +48,10 @@ JOB_MARKER_RETENTION_MS: Final = 3_600_000
 POLL_S: Final = 0.25
 
 
-@dataclass(frozen=True)
 class JobKeys(TaskKeys):
     """A task's keys, with the job's own slot marker."""
+
+    __slots__ = ()
 
     def slot(self, slot_epoch_s: int) -> str:
         return f"{self.base}:job:{slot_epoch_s}"
