@@ -57,6 +57,10 @@ class TaskKeys:
     def _key(self) -> tuple[str, str, str]:
         return (self.prefix, self.scope, self.task)
 
+    def __reduce__(self) -> tuple[type[TaskKeys], tuple[str, str, str]]:
+        # copy and pickle rebuild it through __init__, as they did the frozen dataclass.
+        return (type(self), self._key())
+
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, TaskKeys) or other.__class__ is not self.__class__:
             return NotImplemented

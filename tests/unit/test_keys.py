@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import copy
+import pickle
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -139,6 +142,7 @@ def test_task_keys_are_values_compared_hashed_and_shown_by_their_fields() -> Non
     assert repr(keys) == "TaskKeys(prefix='cron-runner', scope='default', task='report')"
     with pytest.raises(AttributeError):
         keys.task = "other"
+    assert copy.copy(keys) == keys == pickle.loads(pickle.dumps(keys))
     scratch = ScratchKeys("cron-runner", "default", SCRATCH_TASK_PREFIX + "1")
     assert scratch == ScratchKeys("cron-runner", "default", SCRATCH_TASK_PREFIX + "1")
     with pytest.raises(ValueError, match="scratch task"):
