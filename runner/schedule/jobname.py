@@ -22,8 +22,9 @@ MIN_SLOT_MINUTES: Final = 23_667_840
 MAX_SLOT_MINUTES: Final = 100_000_000
 
 # 8 ASCII digits, no leading zero ("%d" never writes one). The prefix is greedy, so digits
-# inside the CronJob's own name ("report-v2", "backup-2") stay in the prefix. \Z, not $.
-_JOB_NAME_RE: Final = re.compile(r"(?P<cronjob>.+)-(?P<minutes>[1-9][0-9]{7})\Z", re.ASCII)
+# inside the CronJob's own name ("report-v2", "backup-2") stay in the prefix. \Z, not $. A
+# pattern, compiled (and cached by re) on first use: a run outside a CronJob never needs it.
+_JOB_NAME_RE: Final = r"(?a)(?P<cronjob>.+)-(?P<minutes>[1-9][0-9]{7})\Z"
 
 
 def utc(t_s: float) -> str:
@@ -51,7 +52,7 @@ def slot_from_job_name(job_name: str, cronjob_name: str | None) -> int | None:
     y-29500000`` is then a manual run too. When it is ``None`` or empty, any non-empty prefix is
     accepted.
     """
-    match = _JOB_NAME_RE.fullmatch(job_name)
+    match = re.fullmatch(_JOB_NAME_RE, job_name)
     if match is None:
         return None
     if cronjob_name and match["cronjob"] != cronjob_name:
