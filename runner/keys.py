@@ -27,10 +27,12 @@ class TaskKeys:
     """Immutable, compared and hashed by value. A plain class, not a frozen dataclass: every
     run builds one, and a dataclass costs ~1 ms of start-up to create (bench/README.md)."""
 
-    __slots__ = ("prefix", "scope", "task")
+    __slots__ = ("prefix", "scope", "task", "base")
     prefix: str
     scope: str
     task: str
+    # Every key's stem, built once: a run's lease asks for key names at every call.
+    base: str
 
     def __init__(self, prefix: str, scope: str, task: str) -> None:
         setter = object.__setattr__
@@ -38,6 +40,7 @@ class TaskKeys:
         setter(self, "scope", scope)
         setter(self, "task", task)
         self._validate()
+        setter(self, "base", f"{prefix}:{{{scope}:{task}}}")
 
     def _validate(self) -> None:
         if not PREFIX_RE.match(self.prefix):
@@ -81,10 +84,6 @@ class TaskKeys:
         SCAN. Its hash tag is the scope and a colon, so the per-scope ACL pattern
         ``~PREFIX:{SCOPE:*`` covers it like the tasks' keys (docs/reliability.md)."""
         return scope_index(self.prefix, self.scope)
-
-    @property
-    def base(self) -> str:
-        return f"{self.prefix}:{{{self.scope}:{self.task}}}"
 
     @property
     def lease(self) -> str:
