@@ -27,7 +27,7 @@ class TaskKeys:
     """Immutable, compared and hashed by value. A plain class, not a frozen dataclass: every
     run builds one, and a dataclass costs ~1 ms of start-up to create (bench/README.md)."""
 
-    __slots__ = ("prefix", "scope", "task", "base")
+    __slots__ = ("base", "prefix", "scope", "task")
     prefix: str
     scope: str
     task: str
