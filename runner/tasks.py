@@ -240,9 +240,11 @@ class RunContext:
         self.cancel_reason = cancel_reason
         self.payload: Mapping[str, Any] = {} if payload is None else payload
 
+    _FIELDS = ("task", "slot", "fencing_token", "holder", "logger", "cancelled", "lease_valid",
+               "cancel_reason", "payload")  # fmt: skip
+
     def _fields(self) -> tuple[object, ...]:
-        return (self.task, self.slot, self.fencing_token, self.holder, self.logger,
-                self.cancelled, self.lease_valid, self.cancel_reason, self.payload)  # fmt: skip
+        return tuple(getattr(self, name) for name in self._FIELDS)
 
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, RunContext) or other.__class__ is not self.__class__:
@@ -250,9 +252,7 @@ class RunContext:
         return self._fields() == other._fields()
 
     def __repr__(self) -> str:
-        names = ("task", "slot", "fencing_token", "holder", "logger", "cancelled",
-                 "lease_valid", "cancel_reason", "payload")  # fmt: skip
-        shown = ", ".join(f"{n}={v!r}" for n, v in zip(names, self._fields(), strict=True))
+        shown = ", ".join(f"{n}={getattr(self, n)!r}" for n in self._FIELDS)
         return f"{type(self).__qualname__}({shown})"
 
     def cancel(self, reason: str) -> None:

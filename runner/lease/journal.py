@@ -34,17 +34,11 @@ Where a worker's writes differ from a run's, on purpose:
 
 from __future__ import annotations
 
-import logging
 from typing import Any
 
-from redis.exceptions import RedisError
-
-from runner.errors import FinishIncomplete
 from runner.keys import TaskKeys
-from runner.lease.scripts import Finished, finish
+from runner.lease.scripts import Finished, finish, finished
 from runner.outcomes import ENQUEUED, RAN
-
-log = logging.getLogger("runner")
 
 Fields = dict[str, str | int | float]
 
@@ -201,10 +195,6 @@ def state(
     return fields
 
 
-def _text(value: Any) -> str:
-    return value.decode() if isinstance(value, bytes) else str(value)
-
-
 # The finish script's record mode, as Lease.record calls it: an empty token (no owner check,
 # the lease untouched), no slot marker; the retention is only read with a marker. The flags
 # after the fence (keep the lease, a marker key given, the task's lease given, the failure
@@ -228,24 +218,5 @@ def record_unleased(
         client, keys, lease_key=keys.lease, token=_RECORD_TOKEN, runs_maxlen=runs_maxlen,
         retention_ms=_RECORD_RETENTION_MS, fence=_UNFENCED, record=record, state=state_fields,
     )  # fmt: skip
-    if status[0] == "partial":
-        raise FinishIncomplete("record", status[3:], status[1], None, _RECORD_RETENTION_MS)
-    if state_fields and len(status) > 3 and not status[3]:
-        _index(client, keys)
-    return Finished(stale_state=len(status) > 2 and status[2] == "1")
-
-
-def _index(client: Any, keys: TaskKeys) -> None:
-    """Lease.index without a lease: the scope's index, then the mark in the state hash."""
-    try:
-        pipe = client.pipeline(transaction=False)
-        pipe.sadd(keys.index, keys.task)
-        pipe.hset(keys.state, INDEXED, "1")
-        pipe.execute()
-    except RedisError as exc:  # recorded already: only `status` under a strict ACL misses it
-        log.warning(
-            f"could not add {keys.task} to the scope's task index {keys.index} ({exc}): "
-            "`status` and `watchdog` under an ACL without +scan will not list it (the ACL "
-            "needs +sadd)",
-            extra={"event": "index_failed", "task": keys.task},
-        )
+    return finished(client, keys, "record", status, retention_ms=_RECORD_RETENTION_MS,
+                    index=bool(state_fields))  # fmt: skip

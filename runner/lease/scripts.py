@@ -696,6 +696,46 @@ def finish(
     return status_of(_FINISH.run(client, numkeys, call))
 
 
+def finished(
+    client: ScriptClient,
+    keys: TaskKeys,
+    operation: str,
+    status: list[str],
+    *,
+    slot: int | None = None,
+    retention_ms: int,
+    index: bool,
+) -> Finished:
+    """A finish script's reply (``finish``), its owner already checked: ``FinishIncomplete``
+    when a write failed; else, with ``index`` (a state was written, the task not scratch), the
+    task added to its scope's index the first time."""
+    if status[0] == "partial":
+        raise FinishIncomplete(operation, status[3:], status[1], slot, retention_ms)
+    # A retried complete answers without the fourth field: its first try indexed the task.
+    # Only a run that writes the state hash makes the task known (not a too_late record).
+    if index and len(status) > 3 and not status[3]:
+        try:
+            index_task(client, keys)
+        except RedisError as exc:  # the run is over and recorded: only `status` misses it
+            log.warning(
+                f"could not add {keys.task} to the scope's task index {keys.index} ({exc}): "
+                "`status` and `watchdog` under an ACL without +scan will not list it (the ACL "
+                "needs +sadd)",
+                extra={"event": "index_failed", "task": keys.task},
+            )
+    return Finished(len(status) > 2 and status[2] == "1", len(status) > 4 and status[4] == "paused")
+
+
+def index_task(client: ScriptClient, keys: TaskKeys) -> None:
+    """Add the task to its scope's index, then mark it so in its state hash: once per task, and
+    again if the first try failed between the two. Two key slots, so not in the script; one
+    round trip for both, as a pipeline (on Cluster, one per node)."""
+    pipe: Any = client.pipeline(transaction=False)  # type: ignore[attr-defined]
+    pipe.sadd(keys.index, keys.task)
+    pipe.hset(keys.state, "indexed", "1")
+    pipe.execute()
+
+
 def _seconds_or_none(value: Any) -> float | None:
     text = _as_str(value)
     try:
@@ -853,7 +893,7 @@ class Lease:
             keys.append(aux)
         args = [self.token, self.ttl_ms, policy if aux else "",
                 "" if self.slot is None else self.slot]  # fmt: skip
-        reply = SCRIPTS["renew"](self.client, keys, args)
+        reply = _RENEW(self.client, keys, args)
         if _as_str(reply[0]) == "preempted":
             asker = _as_str(reply[1])
             raise Preempted(holder_of(asker), slot_of(asker))
@@ -951,31 +991,14 @@ class Lease:
             holder=self.holder,
         )
         self._check_owner(operation, status)
-        marked, stale = status[1], len(status) > 2 and status[2] == "1"
-        if status[0] == "partial":
-            raise FinishIncomplete(operation, status[3:], marked, slot, retention_ms)
-        # A retried complete answers without the fourth field: its first try indexed the task.
-        # Only a run that writes the state hash makes the task known (not a too_late record).
-        if self.indexed and state and len(status) > 3 and not status[3]:
-            try:
-                self.index()
-            except RedisError as exc:  # the run is over and recorded: only `status` misses it
-                log.warning(
-                    f"could not add {self.keys.task} to the scope's task index "
-                    f"{self.keys.index} ({exc}): `status` and `watchdog` under an ACL "
-                    "without +scan will not list it (the ACL needs +sadd)",
-                    extra={"event": "index_failed", "task": self.keys.task},
-                )
-        return Finished(stale, len(status) > 4 and status[4] == "paused")
+        return finished(
+            self.client, self.keys, operation, status, slot=slot, retention_ms=retention_ms,
+            index=self.indexed and bool(state),
+        )  # fmt: skip
 
     def index(self) -> None:
-        """Add the task to its scope's index, then mark it so in its state hash: once per
-        task, and again if the first try failed between the two. Two key slots, so not in
-        the script; one round trip for both, as a pipeline (on Cluster, one per node)."""
-        pipe: Any = self.client.pipeline(transaction=False)  # type: ignore[attr-defined]
-        pipe.sadd(self.keys.index, self.keys.task)
-        pipe.hset(self.keys.state, "indexed", "1")
-        pipe.execute()
+        """index_task for this lease's task; raises what Redis raises."""
+        index_task(self.client, self.keys)
 
     @staticmethod
     def _check_owner(operation: str, reply: Any) -> None:
