@@ -6,6 +6,7 @@ first, and a stale holder gets ``LeaseNotOwned`` having changed nothing.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import logging
 import os
@@ -733,7 +734,13 @@ def index_task(client: ScriptClient, keys: TaskKeys) -> None:
     pipe: Any = client.pipeline(transaction=False)  # type: ignore[attr-defined]
     pipe.sadd(keys.index, keys.task)
     pipe.hset(keys.state, "indexed", "1")
-    pipe.execute()
+    added, _ = pipe.execute(raise_on_error=False)
+    if isinstance(added, Exception):
+        # Not a transaction: the mark was written all the same. Taken back (a failure only),
+        # so that the next finish tries again; HSET, which the minimal ACL rule allows.
+        with contextlib.suppress(RedisError):
+            client.hset(keys.state, "indexed", "")  # type: ignore[attr-defined]
+        raise added
 
 
 def _seconds_or_none(value: Any) -> float | None:

@@ -447,3 +447,31 @@ def test_complete_retried_after_a_lost_reply_succeeds_and_changes_nothing(r: red
     # Another token is still refused.
     with pytest.raises(LeaseNotOwned):
         lease_for(r, "pod-b").complete(SLOT, {}, {})
+
+
+# -- the scope's task index ---------------------------------------------------------------------
+
+
+def test_a_refused_index_write_is_logged_and_the_finish_still_counts(
+    redis_server: RedisServer, r: redis.Redis, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Runs (Lease) and unleased records (journal) share one index write: refused (no +sadd),
+    both log it once and return what the finish did; the next finish tries again."""
+    from runner.lease import journal  # noqa: PLC0415
+
+    r.execute_command("ACL", "SETUSER", "no-sadd", "reset", "on", ">pw", "~*", "+@all", "-sadd")
+    client = redis.Redis(port=redis_server.port, username="no-sadd", password="pw",
+                         decode_responses=True)  # fmt: skip
+    lease = lease_for(client, "pod-a", indexed=True)
+    assert isinstance(lease.acquire(SLOT), Acquired)
+    with caplog.at_level("WARNING", logger="runner"):
+        lease.complete(SLOT, {"outcome": "ran"}, {"last_outcome": "ran"}, marker_for(lease))
+        journal.record_unleased(client, KEYS, {"outcome": "ran"}, {"last_outcome": "ran"},
+                                runs_maxlen=100)  # fmt: skip
+    failed = [rec for rec in caplog.records if getattr(rec, "event", None) == "index_failed"]
+    assert len(failed) == 2, caplog.text
+    assert all("the ACL needs +sadd" in rec.getMessage() for rec in failed)
+    assert r.hget(KEYS.state, "last_outcome") == "ran"
+    assert not r.hget(KEYS.state, "indexed")  # so the next finish tries again
+    assert not r.sismember(KEYS.index, KEYS.task)
+    client.close()
