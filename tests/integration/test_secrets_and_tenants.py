@@ -247,7 +247,7 @@ def test_a_team_reaches_only_its_own_scope(
 def test_docs_publish_the_per_scope_rule() -> None:
     docs = re.sub(r"\s*\\\n\s*", " ", (ROOT / "docs" / "reliability.md").read_text())
     assert f"ACL SETUSER team-a on >PASSWORD {SCOPE_RULE.replace('SCOPE', 'team-a')}" in docs
-    readme = (ROOT / "README.md").read_text()
+    readme = (ROOT / "docs" / "configuration.md").read_text()
     assert "~cron-runner:{team-a:*" in readme
 
 
