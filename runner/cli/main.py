@@ -46,7 +46,8 @@ EXIT_CODES = """exit codes:
        task was stopped and its slot marked done (not to be retried)
   126  exec: the command was found but cannot run (no execute bit, bad interpreter)
   127  exec: the command was not found
-  143  stopped by SIGTERM, SIGINT, SIGHUP, SIGQUIT, SIGUSR1 or SIGUSR2
+  143  stopped by SIGTERM, or by any other signal that would end the process (SIGINT, SIGHUP,
+       SIGQUIT, SIGUSR1/2, SIGALRM, SIGXCPU, real-time signals...; not SIGPIPE, SIGXFSZ)
 """
 
 ENVIRONMENT = """environment (flags win over variables):
