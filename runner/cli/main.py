@@ -505,6 +505,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     args_list = sys.argv[1:] if argv is None else list(argv)
     try:
         code = _main(args_list)
+    except SystemExit as exc:
+        if argv is not None or not isinstance(exc.code, int):
+            raise
+        code = exc.code  # --help, --version: their output is their result too
     finally:
         if argv is None and args_list[:1] == ["exec"]:
             _freeze_before_exit()

@@ -18,7 +18,7 @@ from tests.helpers.proc import CRON_RUNNER, LEASE, runner_env
 
 STREAMS = (0, 1, 2)
 FAULTS = ("closed", "broken-pipe", "dev-full")
-COMMANDS = ("exec", "run", "status")
+COMMANDS = ("exec", "run", "status", "--version")
 RUNS = "cron-runner:{default:%s}:runs"
 
 
@@ -96,11 +96,12 @@ def test_a_faulty_standard_stream_never_stops_a_run_nor_becomes_the_redis_socket
     elif command == "run":
         code, stderr = _spawn(["run", "streams"], env, fd, fault, tmp_path)
     else:
-        setup = subprocess.run(
-            [CRON_RUNNER, "run", "streams"], env=env, capture_output=True, text=True, timeout=60
-        )
-        assert setup.returncode == 0, setup.stderr
-        code, stderr = _spawn(["status"], env, fd, fault, tmp_path)
+        if command == "status":
+            setup = subprocess.run(
+                [CRON_RUNNER, "run", "streams"], env=env, capture_output=True, text=True, timeout=60
+            )
+            assert setup.returncode == 0, setup.stderr
+        code, stderr = _spawn([command], env, fd, fault, tmp_path)
         _no_traceback(stderr)
         if fd == 1 and fault == "dev-full":
             # Its output is its result, and it was lost: said, and not a success.
@@ -109,7 +110,8 @@ def test_a_faulty_standard_stream_never_stops_a_run_nor_becomes_the_redis_socket
         else:
             assert code == 0, stderr
         if fd != 1:
-            assert "streams" in (tmp_path / "stdout").read_text()
+            shown = (tmp_path / "stdout").read_text()
+            assert ("streams" if command == "status" else "cron-runner") in shown
         return
     assert code == 0, stderr
     _no_traceback(stderr)
