@@ -206,3 +206,36 @@ def test_refused_by_the_template(schemaless: Chart, task: dict[str, Any], says: 
 def test_the_schema_refuses_an_unknown_inject_mode(chart: Chart) -> None:
     message = refused(chart, injected(runner={"inject": "sidecar"}, command=["x"]))
     assert "/tasks/report/runner/inject" in message
+
+
+def test_redis_secrets_are_readable_by_a_uid_that_neither_owns_them_nor_has_an_fs_group(
+    chart: Chart,
+) -> None:
+    """A distroless app (uid 65532, no fsGroup): the kubelet writes the secret files owned by
+    root, so only the mode lets the app's uid read its password, sentinel password and CA."""
+    distroless = {"runAsNonRoot": True, "runAsUser": 65532, "runAsGroup": 65532}
+    redis = {
+        "sentinel": {
+            "enabled": True,
+            "masterName": "primary",
+            "hosts": ["sentinel:26379"],
+            "existingSecret": "redis-sentinel",
+        },
+        "auth": {"existingSecret": "redis-credentials"},
+        "tls": {"enabled": True, "existingSecret": "redis-tls", "certKey": "tls.crt",
+                "keyKey": "tls.key"},
+    }  # fmt: skip
+    rendered = render(
+        chart,
+        {
+            "redis": redis,
+            "tasks": {"report": injected(command=["/app"], podSecurityContext=distroless)},
+        },
+    )
+    spec = pod_spec(rendered.cronjobs()["report"])
+    assert "fsGroup" not in spec["securityContext"]
+    modes = {v["name"]: v["secret"]["defaultMode"] for v in spec["volumes"] if "secret" in v}
+    assert set(modes) == {"redis-password", "redis-sentinel-password", "redis-tls"}
+    for name, mode in modes.items():
+        assert mode & 0o004, f"{name}: mode {mode:o} is not readable by other uids"
+        assert not mode & 0o222, f"{name}: mode {mode:o} is writable"

@@ -179,7 +179,7 @@ for env (when the key is there) and securityContext.
 - name: redis-password
   secret:
     secretName: {{ $secret.name }}
-    defaultMode: 0440
+    defaultMode: 0444
     items:
       - key: {{ $secret.key }}
         path: password
@@ -188,7 +188,7 @@ for env (when the key is there) and securityContext.
 - name: redis-sentinel-password
   secret:
     secretName: {{ .Values.redis.sentinel.existingSecret }}
-    defaultMode: 0440
+    defaultMode: 0444
     items:
       - key: {{ .Values.redis.sentinel.passwordKey }}
         path: password
@@ -197,7 +197,7 @@ for env (when the key is there) and securityContext.
 - name: redis-tls
   secret:
     secretName: {{ $tls.existingSecret }}
-    defaultMode: 0440
+    defaultMode: 0444
     items:
       - key: {{ $tls.caKey }}
         path: ca.crt
