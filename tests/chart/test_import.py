@@ -108,6 +108,9 @@ def runner_removed(rendered: Manifest, original: Manifest, key: str) -> Manifest
         "app.kubernetes.io/version",
         "app.kubernetes.io/managed-by",
         "app.kubernetes.io/component",
+        "cron-runner.io/name",
+        "cron-runner.io/instance",
+        "cron-runner.io/component",
     }
     meta["labels"] = own
     if not own:

@@ -9,7 +9,7 @@ import pytest
 from helm_python import HelmRenderError, HelmValuesError
 from helm_python.chart import Chart
 
-from tests.chart.helpers import ci_values, container, env_of, pod_spec, render
+from tests.chart.helpers import ci_values, container, env_of, pod_spec, render, selects
 from tests.chart.test_matrix import KUBE_VERSIONS, schema_errors
 
 REDIS = {"host": "redis"}
@@ -120,9 +120,13 @@ def test_every_pod_setting_per_task(chart: Chart) -> None:
     assert cj["metadata"]["name"] == "legacy-report"
     labels = cj["metadata"]["labels"]
     assert (labels["team"], labels["app.kubernetes.io/name"]) == ("payments", "shop")
-    # Helm and the chart find their objects by these: a task's labels do not replace them.
-    assert labels["app.kubernetes.io/instance"] == "cron-runner"
-    assert labels["app.kubernetes.io/component"] == "report"
+    # A task in its own image is the app's: its app.kubernetes.io/* labels are its own. The
+    # chart finds its objects by its own labels, which no task label replaces; Helm by managed-by.
+    assert labels["app.kubernetes.io/instance"] == "elsewhere"
+    assert "app.kubernetes.io/component" not in labels
+    assert labels["cron-runner.io/instance"] == "cron-runner"
+    assert labels["cron-runner.io/component"] == "report"
+    assert labels["app.kubernetes.io/managed-by"] == "Helm"
     assert cj["metadata"]["annotations"] == {"owner": "ops@example.com"}
     template = cj["spec"]["jobTemplate"]["spec"]["template"]
     assert template["metadata"]["labels"]["app"] == "shop"
@@ -239,3 +243,34 @@ def test_redis_secrets_are_readable_by_a_uid_that_neither_owns_them_nor_has_an_f
     for name, mode in modes.items():
         assert mode & 0o004, f"{name}: mode {mode:o} is not readable by other uids"
         assert not mode & 0o222, f"{name}: mode {mode:o} is writable"
+
+
+@pytest.mark.parametrize("redis", [REDIS, {"bundled": {"enabled": True}}], ids=["own", "bundled"])
+def test_the_network_policy_leaves_an_injected_apps_traffic_alone_unless_asked(
+    chart: Chart, redis: dict[str, Any]
+) -> None:
+    """An app in its own image calls its database and APIs: the chart's egress policy, which
+    allows only DNS and Redis, must not select its pods unless networkPolicy.injectedTasks."""
+    tasks = {
+        "app": injected(command=["/app"], podLabels={"app.kubernetes.io/name": "shop"}),
+        "native": {"schedule": "0 2 * * *", "task": "report"},
+    }
+    for tighten in (False, True):
+        values = {"redis": redis, "tasks": tasks,
+                  "networkPolicy": {"enabled": True, "injectedTasks": tighten}}  # fmt: skip
+        rendered = render(chart, values, helm_install=True)
+        policy = rendered.one("NetworkPolicy", "cron-runner-tasks")
+        pods = {
+            name: cj["spec"]["jobTemplate"]["spec"]["template"]["metadata"]["labels"]
+            for name, cj in rendered.cronjobs().items()
+        }
+        assert selects(policy["spec"]["podSelector"], pods["native"])
+        assert selects(policy["spec"]["podSelector"], pods["app"]) is tighten
+        if "bundled" in redis:
+            # Either way, the injected task still reaches the bundled Redis.
+            (ingress,) = rendered.one("NetworkPolicy", "cron-runner-redis")["spec"]["ingress"]
+            (peer,) = ingress["from"]
+            assert selects(peer["podSelector"], pods["app"])
+            assert selects(peer["podSelector"], pods["native"])
+        errors = [e for d in rendered.docs for v in KUBE_VERSIONS for e in schema_errors(d, v)]
+        assert errors == []

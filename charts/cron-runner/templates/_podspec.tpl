@@ -23,6 +23,8 @@ Call with a dict:
   initContainers, extraContainers the user's own, as given
   chartInitContainers             the chart's, container dicts (cron-runner.container)
   volumes                         after /tmp and the Redis secrets
+  tmp                             false: no /tmp emptyDir (the task keeps its image's /tmp)
+  enableServiceLinks              true for a task that keeps them (default off)
 
 The runner's container is a dict for cron-runner.container with "name", "args" and "env" (the
 pod's cron-runner.env) at least. image, imagePullPolicy and command default to the release's
@@ -47,6 +49,16 @@ image and `cron-runner`; securityContext, when not given (null is given), to the
   "resources" $c.resources
   "securityContext" (ternary $c.securityContext $root.Values.securityContext (hasKey $c "securityContext"))
   "volumeMounts" (concat (include "cron-runner.volumeMounts" $root | fromYamlArray) (default list $c.volumeMounts)) }}
+{{- $volumes := concat (include "cron-runner.volumes" $root | fromYamlArray) (default list .volumes) }}
+{{- /* A task whose image's own /tmp is writable (or which mounts its own) keeps it: the runner writes none. */}}
+{{- if and (hasKey . "tmp") (not .tmp) }}
+{{- $mounts := list }}
+{{- range $container.volumeMounts }}{{ if ne .name "tmp" }}{{ $mounts = append $mounts . }}{{ end }}{{ end }}
+{{- $_ := set $container "volumeMounts" $mounts }}
+{{- $kept := list }}
+{{- range $volumes }}{{ if ne .name "tmp" }}{{ $kept = append $kept . }}{{ end }}{{ end }}
+{{- $volumes = $kept }}
+{{- end }}
 {{- with .restartPolicy }}
 restartPolicy: {{ . }}
 {{- end }}
@@ -55,7 +67,7 @@ terminationGracePeriodSeconds: {{ int64 .terminationGracePeriodSeconds }}
 {{- end }}
 serviceAccountName: {{ default (include "cron-runner.serviceAccountName" $root) .serviceAccountName }}
 automountServiceAccountToken: {{ if ternary .automountServiceAccountToken $root.Values.serviceAccount.automountServiceAccountToken (hasKey . "automountServiceAccountToken") }}true{{ else }}false{{ end }}
-enableServiceLinks: false
+enableServiceLinks: {{ if .enableServiceLinks }}true{{ else }}false{{ end }}
 securityContext:
   {{- toYaml (ternary .securityContext $root.Values.podSecurityContext (hasKey . "securityContext")) | nindent 2 }}
 {{- with .priorityClassName }}
@@ -95,8 +107,10 @@ containers:
   {{- with .extraContainers }}
   {{- toYaml . | nindent 2 }}
   {{- end }}
+{{- with $volumes }}
 volumes:
-  {{- include "cron-runner.namedList" (concat (include "cron-runner.volumes" $root | fromYamlArray) (default list .volumes)) | trim | nindent 2 }}
+  {{- include "cron-runner.namedList" . | trim | nindent 2 }}
+{{- end }}
 {{- end }}
 
 {{/*
