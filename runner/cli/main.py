@@ -279,10 +279,10 @@ def cmd_import(args: argparse.Namespace, settings: Settings) -> int:
                 f"import: {flag}={value!r} is not valid: {exc}; expected words as a shell "
                 "reads them, e.g. --cmd 'php artisan schedule:run'"
             ) from exc
-    values, namespace = adopt.cronjobs_to_values(
-        docs, entrypoint=split["--entrypoint"], cmd=split["--cmd"]
-    )
-    sys.stdout.write(adopt.render_values(values, args.files, namespace))
+    imported = adopt.cronjobs_to_values(docs, entrypoint=split["--entrypoint"], cmd=split["--cmd"])
+    for warning in imported.warnings:
+        log.warning("import: %s", warning)
+    sys.stdout.write(adopt.render_values(imported, args.files))
     return 0
 
 
