@@ -432,6 +432,8 @@ def _container(
     task["env"] = _env(f"{where}.env", c.take("env", list) or [])
     if env_from := c.take("envFrom", list):
         task["envFrom"] = env_from
+    if ports := c.take("ports", list):
+        task["ports"] = ports
     task["resources"] = c.take("resources", Mapping) or {}
     task["securityContext"] = c.take("securityContext", Mapping) or {}
     task["extraVolumeMounts"] = _none_of_the_charts(c, "volumeMounts")

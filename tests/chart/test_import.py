@@ -71,7 +71,9 @@ def expected(original: Manifest) -> Manifest:
     for key, value in K8S_DEFAULTS.items():
         spec.setdefault(key, value)
     job = spec["jobTemplate"]
-    job.pop("metadata", None)
+    job.setdefault("metadata", {}).pop("creationTimestamp", None)
+    if not job["metadata"]:
+        del job["metadata"]
     job["spec"].setdefault("backoffLimit", 6)
     template = job["spec"]["template"]
     template.setdefault("metadata", {}).pop("creationTimestamp", None)
@@ -84,6 +86,7 @@ def expected(original: Manifest) -> Manifest:
     pod.setdefault("automountServiceAccountToken", True)
     pod.setdefault("terminationGracePeriodSeconds", 30)
     pod.setdefault("securityContext", {})
+    pod.setdefault("enableServiceLinks", True)
     main = pod["containers"][0]
     for key in ("terminationMessagePath", "terminationMessagePolicy"):
         main.pop(key, None)
@@ -93,52 +96,79 @@ def expected(original: Manifest) -> Manifest:
     return cj
 
 
-def runner_removed(rendered: Manifest, original: Manifest, key: str) -> Manifest:
-    """The rendered CronJob with exactly what the runner adds taken out again, checking each."""
-    cj = copy.deepcopy(rendered)
+def changes_of(printed: str) -> dict[str, str]:
+    """The changes the header of `import`'s output lists, as one text per CronJob."""
+    header = [line[2:] for line in printed.splitlines() if line.startswith("#")]
+    listed: dict[str, str] = {}
+    name = ""
+    for line in header[
+        header.index("What the chart changes in each CronJob, and why; nothing else changes:") + 1 :
+    ]:
+        if not line:
+            break
+        if not line.startswith(" "):
+            name = line[:-1]
+            listed[name] = ""
+        else:
+            listed[name] += " " + line.strip()
+    return listed
+
+
+def without_chart_labels(labels: dict[str, str]) -> dict[str, str]:
+    return {k: v for k, v in labels.items() if not k.startswith("cron-runner.io/")}
+
+
+def labels_removed(cj: Manifest, original: Manifest, listed: str) -> None:
+    """The chart's own labels, and Helm's managed-by, taken off again: both listed."""
     meta = cj["metadata"]
     meta.pop("namespace")
+    assert "labels cron-runner.io/name, instance, component on the CronJob, Job template" in listed
+    assert "label app.kubernetes.io/managed-by: Helm on the CronJob" in listed
     own = original["metadata"].get("labels", {})
-    # The CronJob keeps its own labels, and gains the chart's (which may not replace them).
-    assert own.items() <= meta["labels"].items()
-    assert set(meta["labels"]) - set(own) <= {
-        "helm.sh/chart",
-        "app.kubernetes.io/name",
-        "app.kubernetes.io/instance",
-        "app.kubernetes.io/version",
-        "app.kubernetes.io/managed-by",
-        "app.kubernetes.io/component",
-        "cron-runner.io/name",
-        "cron-runner.io/instance",
-        "cron-runner.io/component",
-    }
-    meta["labels"] = own
-    if not own:
+    labels = without_chart_labels(meta["labels"])
+    assert labels.pop("app.kubernetes.io/managed-by") == "Helm"
+    if "app.kubernetes.io/managed-by" in own:
+        labels["app.kubernetes.io/managed-by"] = own["app.kubernetes.io/managed-by"]
+    meta["labels"] = labels
+    if not labels:
         del meta["labels"]
     job = cj["spec"]["jobTemplate"]
-    job.pop("metadata")
+    job["metadata"]["labels"] = without_chart_labels(job["metadata"]["labels"])
+    if not job["metadata"]["labels"]:
+        del job["metadata"]["labels"]
+    if not job["metadata"]:
+        del job["metadata"]
     template = job["spec"]["template"]
-    pod_labels = (
-        original["spec"]["jobTemplate"]["spec"]["template"].get("metadata", {}).get("labels", {})
-    )
-    assert pod_labels.items() <= template["metadata"]["labels"].items()
+    pod_labels = without_chart_labels(template["metadata"]["labels"])
+    assert template["metadata"]["labels"]["cron-runner.io/inject"] == "initContainer"
     template["metadata"]["labels"] = pod_labels
-    if not template["metadata"]["labels"]:
+    if not pod_labels:
         del template["metadata"]["labels"]
+
+
+def runner_removed(rendered: Manifest, original: Manifest, key: str, listed: str) -> Manifest:
+    """The rendered CronJob with exactly the changes `import` listed taken out again, checking
+    that each was listed."""
+    cj = copy.deepcopy(rendered)
+    labels_removed(cj, original, listed)
+    job = cj["spec"]["jobTemplate"]
+    template = job["spec"]["template"]
     pod = template["spec"]
-    assert pod.pop("enableServiceLinks") is False
+    assert "init container cron-runner-inject and emptyDir volume cron-runner" in listed
     inject = pod["initContainers"].pop()
     assert inject["name"] == "cron-runner-inject"
     assert inject["command"] == ["cp", "-R", "/opt/cron-runner-bin/.", "/cron-runner/"]
     if not pod["initContainers"]:
         del pod["initContainers"]
-    pod["volumes"] = [v for v in pod["volumes"] if v["name"] not in ("tmp", "cron-runner")]
-    if not pod["volumes"]:
-        del pod["volumes"]
     main = pod["containers"][0]
     first = original["spec"]["jobTemplate"]["spec"]["template"]["spec"]["containers"][0]
-    assert main["name"] == "cron-runner"
-    main["name"] = first["name"]
+    assert main["name"] == first["name"], "the container keeps its name"
+    tmp = "an emptyDir at /tmp" in listed
+    chart_volumes = {"cron-runner", "tmp"} if tmp else {"cron-runner"}
+    pod["volumes"] = [v for v in pod["volumes"] if v["name"] not in chart_volumes]
+    if not pod["volumes"]:
+        del pod["volumes"]
+    assert f"container {first['name']}: its command runs under" in listed
     assert main.pop("command") == ["/cron-runner/cron-runner"]
     args = main.pop("args")
     assert args[:4] == ["exec", "--name", key, "--"]
@@ -146,6 +176,7 @@ def runner_removed(rendered: Manifest, original: Manifest, key: str) -> Manifest
     for field in ("command", "args"):
         if field in first:
             main[field] = first[field]
+    assert f"container {first['name']}: CRON_RUNNER_* environment variables" in listed
     env = [e for e in main["env"] if not e["name"].startswith("CRON_RUNNER_")]
     assert {e["name"] for e in main["env"]} - {e["name"] for e in env} >= {
         "CRON_RUNNER_JOB_NAME",
@@ -156,16 +187,23 @@ def runner_removed(rendered: Manifest, original: Manifest, key: str) -> Manifest
     assert len(main["env"]) == len(env)
     if not main["env"]:
         del main["env"]
-    main["volumeMounts"] = [
-        m for m in main["volumeMounts"] if m["name"] not in ("tmp", "cron-runner")
-    ]
+    main["volumeMounts"] = [m for m in main["volumeMounts"] if m["name"] not in chart_volumes]
     if not main["volumeMounts"]:
         del main["volumeMounts"]
     policy = job["spec"].get("podFailurePolicy")
-    for rule in (policy or {}).get("rules", []):
-        if "containerName" in rule.get("onExitCodes", {}):
-            assert rule["onExitCodes"]["containerName"] == "cron-runner"
-            rule["onExitCodes"]["containerName"] = first["name"]
+    own_policy = original["spec"]["jobTemplate"]["spec"].get("podFailurePolicy")
+    if policy != own_policy:
+        assert "podFailurePolicy: the runner's rules go before the Job's own" in listed
+        runner_rules = policy["rules"][:2]
+        assert runner_rules[0]["onExitCodes"] == {
+            "containerName": first["name"], "operator": "In", "values": [64, 78, 79, 126, 127],
+        }  # fmt: skip
+        rest = [r for r in policy["rules"][2:]]
+        assert rest == [r for r in (own_policy or {}).get("rules", []) if r not in runner_rules]
+        if own_policy:
+            job["spec"]["podFailurePolicy"] = own_policy
+        else:
+            del job["spec"]["podFailurePolicy"]
     return cj
 
 
@@ -179,15 +217,18 @@ def sort_volume_keys(cj: Manifest) -> Manifest:
 def test_the_render_is_the_original_but_for_what_the_runner_changes(
     chart: Chart, path: Path
 ) -> None:
-    values = imported(str(path))
+    done = run_import(str(path))
+    assert done.returncode == 0, done.stderr
+    values = yaml.safe_load(done.stdout)
+    listed = changes_of(done.stdout)
     rendered = render(chart, {**values, "redis": {"host": "redis"}}, namespace="shop")
     by_name = {d["metadata"]["name"]: d for d in rendered.of_kind("CronJob")}
-    docs = originals(path)
-    assert set(by_name) == {d["metadata"]["name"] for d in docs}
+    docs = [d for d in originals(path) if d["kind"] == "CronJob"]
+    assert set(by_name) == {d["metadata"]["name"] for d in docs} == set(listed)
     for original in docs:
         name = original["metadata"]["name"]
         key = next(k for k, t in values["tasks"].items() if t["cronJobName"] == name)
-        got = runner_removed(by_name[name], original, key)
+        got = runner_removed(by_name[name], original, key, listed[name])
         assert sort_volume_keys(got) == sort_volume_keys(expected(original))
         errors = [e for v in KUBE_VERSIONS for e in schema_errors(by_name[name], v)]
         assert errors == []
@@ -217,7 +258,7 @@ def test_the_app_image_user_and_environment_are_kept(chart: Chart) -> None:
 
 
 def test_stdin_several_documents_and_a_list(chart: Chart) -> None:
-    docs = [d for p in FILES for d in originals(p)]
+    docs = [d for p in FILES for d in originals(p) if d["kind"] == "CronJob"]
     as_list = yaml.safe_dump({"apiVersion": "v1", "kind": "List", "items": docs[:2]})
     rest = yaml.safe_dump_all(docs[2:])
     values = imported("-", stdin=as_list + "---\n" + rest)
@@ -320,9 +361,11 @@ BROKEN = [
         "template.spec.containers: empty",
     ),
     (
-        "a mount on /tmp",
-        yaml.safe_dump(cronjob(container={"volumeMounts": [{"name": "t", "mountPath": "/tmp"}]})),
-        "containers[0].volumeMounts[0].mountPath: '/tmp': the chart mounts its own volume there",
+        "a mount where the runner goes",
+        yaml.safe_dump(
+            cronjob(container={"volumeMounts": [{"name": "t", "mountPath": "/cron-runner"}]})
+        ),
+        "containers[0].volumeMounts[0].mountPath: '/cron-runner': the chart mounts its own",
     ),
     (
         "a volume named as the chart's",
@@ -330,7 +373,7 @@ BROKEN = [
         "template.spec.volumes[0].name: 'cron-runner' is the chart's own volume; rename it",
     ),
     (
-        "a pod label the chart selects on",
+        "a label under the chart's own prefix",
         yaml.safe_dump(
             cronjob()
             | {
@@ -339,7 +382,7 @@ BROKEN = [
                     "jobTemplate": {
                         "spec": {
                             "template": {
-                                "metadata": {"labels": {"app.kubernetes.io/name": "shop"}},
+                                "metadata": {"labels": {"cron-runner.io/component": "x"}},
                                 "spec": cronjob()["spec"]["jobTemplate"]["spec"]["template"][
                                     "spec"
                                 ],
@@ -349,7 +392,7 @@ BROKEN = [
                 }
             }
         ),
-        "template.metadata.labels.app.kubernetes.io/name: the chart's pods carry their own",
+        "template.metadata.labels.cron-runner.io/component: labels under cron-runner.io/ are",
     ),
     (
         "a short grace",

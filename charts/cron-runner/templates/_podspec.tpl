@@ -34,6 +34,18 @@ image and `cron-runner`; securityContext, when not given (null is given), to the
 {{- define "cron-runner.podSpec" -}}
 {{- $root := .root }}
 {{- $c := .container }}
+{{- $chartVolumes := include "cron-runner.volumes" $root | fromYamlArray }}
+{{- $chartMounts := include "cron-runner.volumeMounts" $root | fromYamlArray }}
+{{- /* A task whose image's own /tmp is writable (or which mounts its own) keeps it: the runner writes none. */}}
+{{- if and (hasKey . "tmp") (not .tmp) }}
+{{- $kept := list }}
+{{- range $chartVolumes }}{{ if ne .name "tmp" }}{{ $kept = append $kept . }}{{ end }}{{ end }}
+{{- $chartVolumes = $kept }}
+{{- $kept = list }}
+{{- range $chartMounts }}{{ if ne .name "tmp" }}{{ $kept = append $kept . }}{{ end }}{{ end }}
+{{- $chartMounts = $kept }}
+{{- end }}
+{{- $volumes := concat $chartVolumes (default list .volumes) }}
 {{- $container := dict
   "name" $c.name
   "image" (default (include "cron-runner.image" $root) $c.image)
@@ -48,17 +60,7 @@ image and `cron-runner`; securityContext, when not given (null is given), to the
   "readinessProbe" $c.readinessProbe
   "resources" $c.resources
   "securityContext" (ternary $c.securityContext $root.Values.securityContext (hasKey $c "securityContext"))
-  "volumeMounts" (concat (include "cron-runner.volumeMounts" $root | fromYamlArray) (default list $c.volumeMounts)) }}
-{{- $volumes := concat (include "cron-runner.volumes" $root | fromYamlArray) (default list .volumes) }}
-{{- /* A task whose image's own /tmp is writable (or which mounts its own) keeps it: the runner writes none. */}}
-{{- if and (hasKey . "tmp") (not .tmp) }}
-{{- $mounts := list }}
-{{- range $container.volumeMounts }}{{ if ne .name "tmp" }}{{ $mounts = append $mounts . }}{{ end }}{{ end }}
-{{- $_ := set $container "volumeMounts" $mounts }}
-{{- $kept := list }}
-{{- range $volumes }}{{ if ne .name "tmp" }}{{ $kept = append $kept . }}{{ end }}{{ end }}
-{{- $volumes = $kept }}
-{{- end }}
+  "volumeMounts" (concat $chartMounts (default list $c.volumeMounts)) }}
 {{- with .restartPolicy }}
 restartPolicy: {{ . }}
 {{- end }}

@@ -23,7 +23,7 @@ which could give two tasks the same name.
 
 {{/* jobDefaults fields a task may override; the task's value replaces the default whole. */}}
 {{- define "cron-runner.jobFields" -}}
-{{- concat (list "concurrencyPolicy" "startingDeadlineSeconds" "successfulJobsHistoryLimit" "failedJobsHistoryLimit" "backoffLimit" "activeDeadlineSeconds" "ttlSecondsAfterFinished" "restartPolicy" "podFailurePolicy" "terminationGracePeriodSeconds" "resources" "nodeSelector" "tolerations" "affinity" "priorityClassName" "podAnnotations" "podLabels" "extraVolumes" "extraVolumeMounts" "runner" "image" "initContainers" "extraContainers") (include "cron-runner.policyFields" . | fromJsonArray) | toJson }}
+{{- concat (list "concurrencyPolicy" "startingDeadlineSeconds" "successfulJobsHistoryLimit" "failedJobsHistoryLimit" "backoffLimit" "activeDeadlineSeconds" "ttlSecondsAfterFinished" "restartPolicy" "podFailurePolicy" "terminationGracePeriodSeconds" "resources" "nodeSelector" "tolerations" "affinity" "topologySpreadConstraints" "priorityClassName" "podAnnotations" "podLabels" "extraVolumes" "extraVolumeMounts" "runner" "image" "initContainers" "extraContainers") (include "cron-runner.policyFields" . | fromJsonArray) | toJson }}
 {{- end }}
 
 {{/*
