@@ -551,7 +551,9 @@ def _strings(where: str, mapping: Mapping[str, Any]) -> dict[str, str]:
 
 
 def _item(text: str) -> list[str]:
-    return textwrap.wrap(text, 94, initial_indent="  - ", subsequent_indent="    ")
+    return textwrap.wrap(
+        text, 94, initial_indent="  - ", subsequent_indent="    ", break_on_hyphens=False
+    )
 
 
 def render_values(imported: Imported, sources: Sequence[str]) -> str:

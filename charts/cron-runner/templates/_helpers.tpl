@@ -160,7 +160,23 @@ only the scheme and db are used.
 {{- define "cron-runner.scope" -}}
 {{- $env := default dict .Values.runner.env }}
 {{- if kindIs "string" $env.CRON_RUNNER_SCOPE }}{{ $env.CRON_RUNNER_SCOPE }}
-{{- else }}{{ default (include "cron-runner.namespace" .) .Values.runner.scope }}{{ end }}
+{{- else }}{{ default (default (include "cron-runner.namespace" .) (include "cron-runner.subchartScope" .)) .Values.runner.scope }}{{ end }}
+{{- end }}
+
+{{/*
+As a dependency of an app's own chart (values under its key), each app's release is a key
+scope of its own, <namespace>.<release>: two apps' releases in one namespace may both have a
+task "report", and they must not share its lease. Empty as a release of its own, whose scope
+stays the namespace. runner.scope, when set, wins either way.
+*/}}
+{{- define "cron-runner.subchartScope" -}}
+{{- if contains "/charts/" .Template.BasePath }}
+{{- $scope := printf "%s.%s" (include "cron-runner.namespace" .) .Release.Name }}
+{{- if gt (len $scope) 63 }}
+{{- fail (printf "the key scope %q (namespace.release, as a dependency of another chart) is %d characters; at most 63 fit: set runner.scope" $scope (len $scope)) }}
+{{- end }}
+{{- $scope }}
+{{- end }}
 {{- end }}
 
 {{- define "cron-runner.keyPrefix" -}}
