@@ -450,12 +450,29 @@ def test_an_unreadable_file_is_named() -> None:
     assert "cannot read /nonexistent/cronjob.yaml" in done.stderr
 
 
-def test_the_kubernetes_page_shows_what_import_prints_for_its_php_example(chart: Chart) -> None:
-    example = "examples/adopt/laravel-invoices.yaml"
+def test_the_adoption_page_shows_what_import_prints_for_its_example(chart: Chart) -> None:
+    example = "examples/adopt/usage-report.yaml"
     printed = run_import(example).stdout
-    assert printed and f"```yaml\n{printed}```" in (ROOT / "docs/kubernetes.md").read_text()
+    assert printed and f"```yaml\n{printed}```" in (ROOT / "docs/adoption.md").read_text()
     values = yaml.safe_load(printed)
     original = originals(ROOT / example)[0]
-    rendered = render(chart, {**values, "redis": {"host": "redis"}}, namespace="shop")
-    got = runner_removed(rendered.one("CronJob", "shop-invoices"), original, "shop-invoices")
+    rendered = render(chart, {**values, "redis": {"host": "redis"}}, namespace="billing")
+    listed = changes_of(printed)["usage-report"]
+    got = runner_removed(rendered.one("CronJob", "usage-report"), original, "usage-report", listed)
     assert sort_volume_keys(got) == sort_volume_keys(expected(original))
+
+
+def test_values_an_earlier_import_printed_still_render(chart: Chart) -> None:
+    values = yaml.safe_load(
+        (Path(__file__).parent / "previous/laravel-invoices-values.yaml").read_text()
+    )
+    rendered = render(chart, {**values, "redis": {"host": "redis"}}, namespace="shop")
+    cj = rendered.one("CronJob", "shop-invoices")
+    # The container the runner runs in is still named as then, and so is the one the failure
+    # policy names; the pod's labels are the chart's own and the app's.
+    main = pod_spec(cj)["containers"][0]
+    assert main["name"] == "cron-runner"
+    labels = cj["spec"]["jobTemplate"]["spec"]["template"]["metadata"]["labels"]
+    assert labels["cron-runner.io/component"] == "shop-invoices"
+    errors = [e for v in KUBE_VERSIONS for e in schema_errors(cj, v)]
+    assert errors == []
