@@ -476,3 +476,51 @@ def test_values_an_earlier_import_printed_still_render(chart: Chart) -> None:
     assert labels["cron-runner.io/component"] == "shop-invoices"
     errors = [e for v in KUBE_VERSIONS for e in schema_errors(cj, v)]
     assert errors == []
+
+
+# What a line of `--diff` may add or remove: the changes `import` lists, and nothing else.
+LISTED_IN_A_DIFF = (
+    "cron-runner.io/", "app.kubernetes.io/managed-by: Helm", "CRON_RUNNER_", "podFailurePolicy",
+    "cron-runner", "exec", "--name", "--", "fieldRef", "fieldPath", "valueFrom", "value:",
+    "- name:", "rules:", "action:", "onExitCodes", "containerName", "operator: In", "values:",
+    "onPodConditions", "status: 'True'", "type: DisruptionTarget", "- 64", "- 78", "- 79",
+    "- 126", "- 127", "args:", "command:", "env:", "initContainers:", "volumeMounts:",
+    "volumes:", "mountPath", "readOnly", "emptyDir", "sizeLimit", "image: ghcr.io/cron-runner",
+    "imagePullPolicy: IfNotPresent", "resources: {}", "securityContext:", "runAsUser: 10001",
+    "runAsGroup: 10001", "allowPrivilegeEscalation", "capabilities", "drop", "- ALL",
+    "readOnlyRootFilesystem: true", "runAsNonRoot: true", "seccompProfile", "type: RuntimeDefault",
+    "- cp", "- -R", "/opt/cron-runner-bin",
+)  # fmt: skip
+
+
+def test_diff_shows_the_original_next_to_the_render_with_only_the_listed_changes() -> None:
+    path = MANIFESTS / "shop-labels.yaml"
+    done = run_import("--diff", str(path))
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    assert lines[:2] == [
+        "--- CronJob shop-feed (original)",
+        "+++ CronJob shop-feed (rendered by the chart from the printed values)",
+    ]
+    changed = [line[1:].strip() for line in lines[2:] if line[:1] in "+-" and line[1:].strip()]
+    assert changed
+    for line in changed:
+        assert any(token in line for token in (*LISTED_IN_A_DIFF, "- shop-feed")), line
+    # The original command is still there, after the runner's `exec --name shop-feed --`.
+    assert "-          - command:" in lines
+    # What the app had stays: its labels, its container's name, its ports.
+    assert not [line for line in lines if line.startswith("-") and "app.kubernetes.io/name" in line]
+
+
+def test_diff_without_helms_engine_says_how_to_get_it() -> None:
+    blocked = (
+        "import sys; sys.modules['helm_python'] = None; from runner.cli.main import main; "
+        f"sys.exit(main(['import', '--diff', {str(MANIFESTS / 'shop-labels.yaml')!r}]))"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", blocked], capture_output=True, text=True, timeout=60, cwd=ROOT,
+        env={**os.environ, "CRON_RUNNER_LOG_FORMAT": "text"}, check=False,
+    )  # fmt: skip
+    assert done.returncode == ConfigError.exit_code, done.stderr
+    assert "pip install 'redis-cron-runner[import-diff]'" in done.stderr
+    assert "Traceback" not in done.stderr and done.stdout == ""
