@@ -694,3 +694,28 @@ def test_notes_print_the_per_scope_acl_rule_that_is_tested(chart: Chart) -> None
     assert "~jobs:{billing:* " in render(chart, values).notes
     values["runner"] = {"scope": "shared"}
     assert "~cron-runner:{shared:* " in render(chart, values).notes
+
+
+def test_selectors_that_cannot_change_stay_as_the_first_release_wrote_them(chart: Chart) -> None:
+    """The API server refuses a new Deployment or StatefulSet selector, or volumeClaimTemplate,
+    on `helm upgrade`: the chart's own cron-runner.io/* labels are on the pods, never in them."""
+    values = ci_values("09-queue-bundled-redis-values.yaml")
+    values["serve"] = {"enabled": True}
+    rendered = render(chart, values, helm_install=True)
+    base = {"app.kubernetes.io/name": "cron-runner", "app.kubernetes.io/instance": RELEASE}
+    selectors = {
+        f"{d['kind']}/{d['metadata']['name']}": d["spec"]["selector"]["matchLabels"]
+        for d in rendered.of_kind("Deployment") + rendered.of_kind("StatefulSet")
+    }
+    assert selectors == {
+        f"Deployment/{RELEASE}-serve": {**base, "app.kubernetes.io/component": "serve"},
+        **{
+            f"Deployment/{RELEASE}-worker-{group}": {
+                **base, "app.kubernetes.io/component": "worker", "cron-runner/worker-group": group,
+            }
+            for group in ("default", "standby")
+        },
+        f"StatefulSet/{RELEASE}-redis": {**base, "app.kubernetes.io/component": "bundled-redis"},
+    }  # fmt: skip
+    (claim,) = rendered.one("StatefulSet")["spec"]["volumeClaimTemplates"]
+    assert claim["metadata"]["labels"] == {**base, "app.kubernetes.io/component": "bundled-redis"}
