@@ -15,7 +15,7 @@ import yaml
 from helm_python.chart import Chart
 
 from runner.errors import ConfigError
-from tests.chart.helpers import ROOT, Manifest, pod_spec, render
+from tests.chart.helpers import ROOT, Manifest, pod_spec, render, selects
 from tests.chart.test_matrix import KUBE_VERSIONS, schema_errors
 
 MANIFESTS = Path(__file__).parent / "cronjobs"
@@ -524,3 +524,44 @@ def test_diff_without_helms_engine_says_how_to_get_it() -> None:
     assert done.returncode == ConfigError.exit_code, done.stderr
     assert "pip install 'redis-cron-runner[import-diff]'" in done.stderr
     assert "Traceback" not in done.stderr and done.stdout == ""
+
+
+def test_what_selects_the_pods_by_label_is_named_and_still_selects_them(chart: Chart) -> None:
+    path = MANIFESTS / "shop-labels.yaml"
+    done = run_import(str(path))
+    assert done.returncode == 0, done.stderr
+    for says in (
+        "NetworkPolicy shop-feed-egress selects pods by label and is not imported",
+        "PodMonitor shop-feed selects pods by label and is not imported",
+        "spec.affinity: pod (anti-)affinity selects pods by label",
+        "spec.topologySpreadConstraints: selects pods by label",
+    ):
+        assert says in done.stderr
+        assert says.split()[0] in done.stdout.split("\n# Check:\n")[1]
+    values = yaml.safe_load(done.stdout)
+    cj = render(chart, {**values, "redis": {"host": "redis"}}, namespace="shop").one("CronJob")
+    pod_labels = cj["spec"]["jobTemplate"]["spec"]["template"]["metadata"]["labels"]
+    for doc in originals(path)[1:]:
+        selector = doc["spec"].get("podSelector") or doc["spec"]["selector"]
+        assert selects(selector, pod_labels), doc["kind"]
+
+
+@pytest.mark.parametrize(
+    ("policy", "overlap"), [("Replace", "replace"), ("Allow", "allow-other-slots")]
+)
+def test_concurrency_policy_keeps_its_meaning_as_the_runners_overlap(
+    chart: Chart, policy: str, overlap: str
+) -> None:
+    manifest = cronjob()
+    manifest["spec"]["concurrencyPolicy"] = policy
+    done = run_import("-", stdin=yaml.safe_dump(manifest))
+    assert done.returncode == 0, done.stderr
+    assert f"overlap: {overlap}: what concurrencyPolicy {policy} does" in " ".join(
+        line.strip("# ") for line in done.stdout.splitlines()
+    )
+    values = yaml.safe_load(done.stdout)
+    assert values["tasks"]["broken"]["overlap"] == overlap
+    cj = render(chart, {**values, "redis": {"host": "redis"}}).one("CronJob")
+    assert cj["spec"]["concurrencyPolicy"] == policy
+    env = {e["name"]: e.get("value") for e in pod_spec(cj)["containers"][0]["env"]}
+    assert env["CRON_RUNNER_OVERLAP"] == overlap

@@ -274,3 +274,22 @@ def test_the_network_policy_leaves_an_injected_apps_traffic_alone_unless_asked(
             assert selects(peer["podSelector"], pods["native"])
         errors = [e for d in rendered.docs for v in KUBE_VERSIONS for e in schema_errors(d, v)]
         assert errors == []
+
+
+def test_the_runners_failure_rules_name_the_container_that_runs_it(chart: Chart) -> None:
+    """An injected task keeps the app's container name: the chart's rules for 64, 78, 79,
+    126 and 127 must name that container, or Kubernetes would never apply them."""
+    cj = one_task(chart, injected(command=["/app"], containerName="report"))
+    assert container_name(cj) == "report"
+    (rule,) = [r for r in cj["spec"]["jobTemplate"]["spec"]["podFailurePolicy"]["rules"]
+               if "onExitCodes" in r]  # fmt: skip
+    assert rule["onExitCodes"] == {
+        "containerName": "report", "operator": "In", "values": [64, 78, 79, 126, 127],
+    }  # fmt: skip
+    errors = [e for v in KUBE_VERSIONS for e in schema_errors(cj, v)]
+    assert errors == []
+
+
+def container_name(cj: dict[str, Any]) -> str:
+    name: str = pod_spec(cj)["containers"][0]["name"]
+    return name
