@@ -146,6 +146,12 @@ class _Fields:
             if key in self.left and self.left[key] == value:
                 del self.left[key]
 
+    def rest(self) -> Doc:
+        """What is left, to be carried over as it is (extraPodSpec, extraContainerSpec)."""
+        rest = {k: v for k, v in self.left.items() if v not in (None, [], {})}
+        self.left = {}
+        return rest
+
     def done(self) -> None:
         for key, value in self.left.items():
             if value in (None, [], {}):
@@ -373,7 +379,12 @@ def _pod(task: Doc, pod: _Fields, entrypoint: Sequence[str], cmd: Sequence[str])
         raise Refused(f"{pod.where}.containers: empty: a CronJob needs a container to run")
     _container(task, f"{pod.where}.containers[0]", containers[0], entrypoint, cmd)
     task["extraContainers"] = list(containers[1:])
-    pod.done()
+    if (os_name := (pod.left.get("os") or {}).get("name")) not in (None, "linux"):
+        raise Refused(f"{pod.where}.os.name: {os_name!r}: the runner runs on Linux only")
+    # The pod fields the chart writes nothing for (DNS settings, host aliases, a runtime
+    # class, ...) go over as they are.
+    if rest := pod.rest():
+        task["extraPodSpec"] = rest
     _tmp(task)
     return list(secrets)
 
@@ -437,7 +448,8 @@ def _container(
     task["resources"] = c.take("resources", Mapping) or {}
     task["securityContext"] = c.take("securityContext", Mapping) or {}
     task["extraVolumeMounts"] = _none_of_the_charts(c, "volumeMounts")
-    c.done()
+    if rest := c.rest():
+        task["extraContainerSpec"] = rest
 
 
 def _none_of_the_charts(fields: _Fields, name: str) -> list[Any]:

@@ -338,14 +338,24 @@ BROKEN = [
         "CronJob broken.spec.schedule: required, but missing",
     ),
     (
-        "host network",
-        yaml.safe_dump(cronjob(hostNetwork=True)),
-        "CronJob broken.spec.jobTemplate.spec.template.spec.hostNetwork: the chart cannot carry",
+        "a Windows pod",
+        yaml.safe_dump(cronjob(os={"name": "windows"})),
+        "CronJob broken.spec.jobTemplate.spec.template.spec.os.name: 'windows': the runner runs",
     ),
     (
-        "a probe",
-        yaml.safe_dump(cronjob(container={"livenessProbe": {"exec": {"command": ["true"]}}})),
-        "template.spec.containers[0].livenessProbe: the chart cannot carry",
+        "several completions",
+        yaml.safe_dump(
+            cronjob()
+            | {
+                "spec": {
+                    "schedule": "* * * * *",
+                    "jobTemplate": {
+                        "spec": {"completions": 3, **cronjob()["spec"]["jobTemplate"]["spec"]}
+                    },
+                }
+            }
+        ),
+        "CronJob broken.spec.jobTemplate.spec.completions: the chart cannot carry",
     ),
     (
         "no containers",

@@ -293,3 +293,16 @@ def test_the_runners_failure_rules_name_the_container_that_runs_it(chart: Chart)
 def container_name(cj: dict[str, Any]) -> str:
     name: str = pod_spec(cj)["containers"][0]["name"]
     return name
+
+
+@pytest.mark.parametrize(
+    ("field", "extra"),
+    [("extraPodSpec", {"volumes": []}), ("extraContainerSpec", {"env": []})],
+)
+def test_an_extra_field_the_chart_writes_itself_is_refused(
+    chart: Chart, field: str, extra: dict[str, Any]
+) -> None:
+    with pytest.raises(HelmRenderError) as refused:
+        one_task(chart, injected(command=["/app"], **{field: extra}))
+    key = next(iter(extra))
+    assert f'task "report": {field}.{key}: the chart writes this field itself' in str(refused.value)

@@ -23,6 +23,7 @@ Call with a dict:
   initContainers, extraContainers the user's own, as given
   chartInitContainers             the chart's, container dicts (cron-runner.container)
   volumes                         after /tmp and the Redis secrets
+  extraPodSpec                    PodSpec fields the chart writes nothing for, as given
   tmp                             false: no /tmp emptyDir (the task keeps its image's /tmp)
   enableServiceLinks              true for a task that keeps them (default off)
 
@@ -60,7 +61,8 @@ image and `cron-runner`; securityContext, when not given (null is given), to the
   "readinessProbe" $c.readinessProbe
   "resources" $c.resources
   "securityContext" (ternary $c.securityContext $root.Values.securityContext (hasKey $c "securityContext"))
-  "volumeMounts" (concat $chartMounts (default list $c.volumeMounts)) }}
+  "volumeMounts" (concat $chartMounts (default list $c.volumeMounts))
+  "extra" $c.extra }}
 {{- with .restartPolicy }}
 restartPolicy: {{ . }}
 {{- end }}
@@ -112,6 +114,9 @@ containers:
 {{- with $volumes }}
 volumes:
   {{- include "cron-runner.namedList" . | trim | nindent 2 }}
+{{- end }}
+{{- with .extraPodSpec }}
+{{ toYaml . }}
 {{- end }}
 {{- end }}
 
@@ -168,6 +173,9 @@ for env (when the key is there) and securityContext.
   {{- with .volumeMounts }}
   volumeMounts:
     {{- include "cron-runner.namedList" . | trim | nindent 4 }}
+  {{- end }}
+  {{- with .extra }}
+  {{- toYaml . | nindent 2 }}
   {{- end }}
 {{- end }}
 

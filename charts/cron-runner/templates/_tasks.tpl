@@ -48,6 +48,19 @@ Call with (dict "root" $ "task" $task).
 {{- $name := .name }}
 {{- $task := .task }}
 {{- $job := .job }}
+{{- /* extraPodSpec and extraContainerSpec carry what the chart writes nothing for: a field it
+     writes itself would come out twice. */}}
+{{- if kindIs "map" $task }}
+{{- range $field, $written := dict
+  "extraPodSpec" (list "restartPolicy" "terminationGracePeriodSeconds" "serviceAccountName" "serviceAccount" "automountServiceAccountToken" "enableServiceLinks" "securityContext" "priorityClassName" "imagePullSecrets" "nodeSelector" "tolerations" "affinity" "topologySpreadConstraints" "initContainers" "containers" "volumes")
+  "extraContainerSpec" (list "name" "image" "imagePullPolicy" "command" "args" "workingDir" "env" "envFrom" "ports" "livenessProbe" "readinessProbe" "resources" "securityContext" "volumeMounts") }}
+{{- range $key := keys (default dict (index $task $field)) | sortAlpha }}
+{{- if has $key $written }}
+{{- fail (printf "task %q: %s.%s: the chart writes this field itself; set the task's own setting for it instead" $name $field $key) }}
+{{- end }}
+{{- end }}
+{{- end }}
+{{- end }}
 {{- if not (regexMatch "^[a-z0-9]([-a-z0-9]*[a-z0-9])?$" $name) }}
 {{- fail (printf "task %q: a task name must be a DNS label (lower-case letters, digits and '-', starting and ending with a letter or digit)" $name) }}
 {{- end }}
