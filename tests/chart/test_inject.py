@@ -306,3 +306,13 @@ def test_an_extra_field_the_chart_writes_itself_is_refused(
         one_task(chart, injected(command=["/app"], **{field: extra}))
     key = next(iter(extra))
     assert f'task "report": {field}.{key}: the chart writes this field itself' in str(refused.value)
+
+
+def test_notes_name_a_host_namespace_carried_over_as_an_extra(chart: Chart) -> None:
+    values = {
+        "redis": REDIS,
+        "tasks": {"report": injected(command=["/app"], extraPodSpec={"hostNetwork": True})},
+    }
+    notes = render(chart, values).notes
+    assert "WARNING: task report loosens the chart's restricted security defaults" in notes
+    assert "extraPodSpec.hostNetwork: true" in notes

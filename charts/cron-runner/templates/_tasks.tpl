@@ -296,5 +296,11 @@ Call with (dict "root" $ "task" $task).
 {{- with $caps.add }}
 {{- $out = append $out (printf "securityContext.capabilities.add: %s" (join "," .)) }}
 {{- end }}
+{{- $extra := default dict .task.extraPodSpec }}
+{{- range $field := list "hostNetwork" "hostPID" "hostIPC" }}
+{{- if eq (toJson (index $extra $field)) "true" }}
+{{- $out = append $out (printf "extraPodSpec.%s: true" $field) }}
+{{- end }}
+{{- end }}
 {{- $out | toJson }}
 {{- end }}
