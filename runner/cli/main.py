@@ -228,9 +228,10 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
         help="print chart values that run existing CronJobs under the runner, in their own images",
         description="Read CronJob manifests (files, or - for stdin; one or many YAML documents) and "
         "print chart values that reproduce them under the runner: the same image, command, "
-        "schedule, time zone, history limits, pod settings and CronJob name, with the runner "
-        "injected (runner.inject: initContainer). A field the chart cannot carry over exits 78, "
-        "naming it. Example:\n  kubectl get cronjob nightly -o yaml | cron-runner import - > values.yaml",
+        "schedule, time zone, history limits, labels, container name, pod settings and CronJob "
+        "name, with the runner injected (runner.inject: initContainer); the header lists what "
+        "the chart changes and why. A field the chart cannot carry over exits 78, naming it. "
+        "Example:\n  kubectl get cronjob nightly -o yaml | cron-runner import - > values.yaml",
         formatter_class=fmt,
     )
     p.add_argument("files", nargs="*", default=["-"], metavar="FILE", help="manifests (default -)")
@@ -244,6 +245,17 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
         "--cmd",
         metavar="CMD",
         help="the image's CMD, for every container without command; its args replace it",
+    )
+    p.add_argument(
+        "--diff",
+        action="store_true",
+        help="print each original CronJob next to the one the chart renders from the values, "
+        "as a unified diff, instead of the values (Helm's engine: the import-diff extra)",
+    )
+    p.add_argument(
+        "--chart",
+        metavar="DIR",
+        help="the chart --diff renders (default: the one beside the package, in a checkout)",
     )
     _add_setting_flags(p, ("LOG_FORMAT", "LOG_LEVEL"))
     p.set_defaults(handler=cmd_import)
@@ -287,10 +299,17 @@ def cmd_import(args: argparse.Namespace, settings: Settings) -> int:
                 f"import: {flag}={value!r} is not valid: {exc}; expected words as a shell "
                 "reads them, e.g. --cmd 'php artisan schedule:run'"
             ) from exc
-    values, namespace = adopt.cronjobs_to_values(
-        docs, entrypoint=split["--entrypoint"], cmd=split["--cmd"]
-    )
-    sys.stdout.write(adopt.render_values(values, args.files, namespace))
+    imported = adopt.cronjobs_to_values(docs, entrypoint=split["--entrypoint"], cmd=split["--cmd"])
+    for warning in imported.warnings:
+        log.warning("import: %s", warning)
+    if args.diff:
+        from runner.cli import adopt_diff  # noqa: PLC0415
+
+        rendered = adopt_diff.render_cronjobs(imported, Path(args.chart) if args.chart else None)
+        cronjobs = [d for d in docs if isinstance(d, dict) and d.get("kind") == "CronJob"]
+        sys.stdout.write(adopt_diff.diff(cronjobs, rendered))
+        return 0
+    sys.stdout.write(adopt.render_values(imported, args.files))
     return 0
 
 
