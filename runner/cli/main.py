@@ -12,8 +12,9 @@ from collections.abc import Callable, MutableMapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from runner import __version__, logs
-from runner.config.settings import Settings, load_settings, task_environment, url_has_password
+from runner.config.settings import Settings, load_settings, task_environment
 from runner.config.sources import FLAG_DEST_PREFIX, setting_flags
+from runner.config.urls import url_has_password
 from runner.errors import ConfigError, CronRunnerError, Terminated, UsageError
 
 if TYPE_CHECKING:
