@@ -12,6 +12,7 @@ form (runner.config.sources reads the text; runner.config.timings derives the le
 import os
 import re
 import socket
+import stat
 import sys
 from collections.abc import Mapping
 from typing import NamedTuple
@@ -396,8 +397,17 @@ def _secret(src: Source, name: str) -> str | None:
     if value is not None:
         raise ConfigError(f"{origin} and {path_origin} are both set: set one")
     try:
-        with open(path, encoding="utf-8") as f:  # noqa: PTH123 - a path string from env
-            # Bounded: a path such as /dev/zero must not hold the start-up forever.
+        # A regular file (or a link to one) only: opening a FIFO waits for a writer, past
+        # the connect deadline, and reading a device or a terminal may never end.
+        if not stat.S_ISREG(os.stat(path).st_mode):  # noqa: PTH116 - a path string from env
+            raise ConfigError(
+                f"{path_origin}={path[:200]!r} is not a regular file: expected a file holding "
+                "the password (a mounted Secret's file, or a link to one)"
+            )
+        # O_NONBLOCK: should the path become a FIFO after the check, open still returns.
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+        with open(fd, encoding="utf-8") as f:  # noqa: PTH123 - a descriptor
+            # Bounded: the file may be huge.
             secret = f.read(_SECRET_FILE_MAX_CHARS + 1).rstrip("\r\n")
     except (OSError, UnicodeError, ValueError) as exc:
         raise ConfigError(

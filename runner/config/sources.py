@@ -136,9 +136,10 @@ _LAST_S = 253_402_300_799  # 9999-12-31T23:59:59Z: past it no time can be shown
 
 
 def parse_time(value: str, origin: str) -> float:
-    """An instant as epoch seconds, from epoch seconds or ISO 8601 with Z or an offset, for the
-    flags that name one (pause --until, backfill --from/--to). A time without a zone is refused:
-    each server, and the operator's own host, would read it in its own zone."""
+    """An instant as epoch seconds, from epoch seconds or ISO 8601 with Z or an offset: the one
+    reading of every time a command takes (pause --until, backfill --from/--to, ack SLOT). A
+    time without a zone is refused: each server, and the operator's own host, would read it
+    in its own zone. From 0 (1970) to the end of the year 9999, both included."""
     from datetime import datetime  # noqa: PLC0415 - only the commands that take a time
 
     text = value.strip()
