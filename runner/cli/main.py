@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from runner import __version__, logs
 from runner.config.settings import Settings, load_settings, task_environment
-from runner.config.sources import FLAG_DEST_PREFIX, setting_flags
+from runner.config.sources import FLAG_DEST_PREFIX, OPTIONS_ATTR, setting_flags, setting_options
 from runner.config.urls import url_has_password
 from runner.errors import ConfigError, CronRunnerError, Terminated, UsageError
 
@@ -509,6 +509,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser(args_list[0] if args_list else None)
     try:
         args = parser.parse_args(args_list)
+        setattr(args, OPTIONS_ATTR, setting_options(parser))
         if not getattr(args, "handler", None):
             parser.print_help(sys.stderr)
             return UsageError.exit_code

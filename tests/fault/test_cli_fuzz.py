@@ -12,6 +12,7 @@ import contextlib
 import io
 import logging
 import os
+import subprocess
 from collections.abc import Iterator
 from typing import Any, ClassVar
 
@@ -22,7 +23,7 @@ from hypothesis import strategies as st
 from runner.cli import main as cli
 from runner.testing import RedisServer
 from tests.fault.test_hostile_input import EDGES
-from tests.helpers.proc import ROOT
+from tests.helpers.proc import CRON_RUNNER, ROOT, runner_env
 
 # The positional arguments each command needs; flags are added before them. Which commands
 # and flags exist is read from the parser (test_every_command_is_fuzzed fails on a new one).
@@ -237,3 +238,36 @@ def _aliases(command: tuple[str, ...]) -> dict[str, tuple[str, ...]]:
         for action in _parser_for(command)._actions
         for name in action.option_strings
     }
+
+
+# The base command line of each long-running command: each fuzzed flag is put before it, so
+# the base's own value of that flag is the one argparse keeps... after it: the fuzzed one wins.
+LONG_BASE: dict[tuple[str, ...], list[str]] = {
+    ("serve",): ["serve", "--host", "127.0.0.1", "--port", "0"],
+    ("worker",): ["worker", "--processes", "1", "--threads", "1"],
+}
+LONG_VALUES = ["\u0661\u0662", "9" * 30, "a\x1bb"]
+
+
+@pytest.mark.parametrize("value", LONG_VALUES, ids=["digits", "huge", "control"])
+@pytest.mark.parametrize(
+    ("command", "flag"),
+    [(c, f) for c in sorted(LONG_RUNNING) for f, takes in _flags(c) if takes],
+)
+def test_long_running_commands_refuse_a_bad_flag_naming_it(
+    redis_server: RedisServer, command: tuple[str, ...], flag: str, value: str
+) -> None:
+    """Refused at once (64 or 78, naming the flag), or taken: still running after 3 s."""
+    env = runner_env(redis_server.url, CRON_RUNNER_TASK_MODULES="tests.queue.queue_tasks")
+    proc = subprocess.Popen([CRON_RUNNER, *LONG_BASE[command], flag, value], env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
+    try:
+        out, err = proc.communicate(timeout=3)
+    except subprocess.TimeoutExpired:
+        proc.terminate()
+        out, err = proc.communicate(timeout=60)
+        assert "Traceback" not in err, err[-2000:]
+        return
+    assert "Traceback" not in err, err[-2000:]
+    assert proc.returncode in (64, 78), (flag, value, proc.returncode, err[-1000:])
+    assert any(name in out + err for name in _aliases(command)[flag]), err[-1000:]
