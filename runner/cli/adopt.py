@@ -465,6 +465,6 @@ def render_values(values: Doc, sources: Sequence[str], namespace: str | None) ->
         "# Add where the leases live (redis.host, or redis.url), then:\n"
         f"#   helm upgrade --install cron-runner charts/cron-runner -n {namespace or 'NAMESPACE'} -f FILE\n"
         "# Their names are kept (cronJobName): annotate and label each CronJob for the release\n"
-        "# first (README, Use it), and Helm takes it over in place.\n"
+        "# first (docs/kubernetes.md), and Helm takes it over in place.\n"
     )
     return header + yaml.safe_dump(values, sort_keys=False, width=100)

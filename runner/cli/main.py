@@ -84,7 +84,7 @@ ENVIRONMENT = """environment (flags win over variables):
                                  (each waited for at most CRON_RUNNER_PING_TIMEOUT, default 3s)
   OTEL_EXPORTER_OTLP_ENDPOINT    turns OpenTelemetry on (telemetry extra); delivered at exit within
                                  CRON_RUNNER_TELEMETRY_FLUSH_TIMEOUT (default 3s)
-Durations accept 30, 30s, 1m, 500ms, 1h. See the README for the full list.
+Durations accept 30, 30s, 1m, 500ms, 1h. See docs/configuration.md for the full list.
 """
 
 # Flags that override a CRON_RUNNER_* variable, by the variable's name without the prefix.

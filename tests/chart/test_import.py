@@ -404,10 +404,10 @@ def test_an_unreadable_file_is_named() -> None:
     assert "cannot read /nonexistent/cronjob.yaml" in done.stderr
 
 
-def test_the_readme_shows_what_import_prints_for_its_php_example(chart: Chart) -> None:
+def test_the_kubernetes_page_shows_what_import_prints_for_its_php_example(chart: Chart) -> None:
     example = "examples/adopt/laravel-invoices.yaml"
     printed = run_import(example).stdout
-    assert printed and f"```yaml\n{printed}```" in (ROOT / "README.md").read_text()
+    assert printed and f"```yaml\n{printed}```" in (ROOT / "docs/kubernetes.md").read_text()
     values = yaml.safe_load(printed)
     original = originals(ROOT / example)[0]
     rendered = render(chart, {**values, "redis": {"host": "redis"}}, namespace="shop")
