@@ -71,6 +71,13 @@ URL_FORMS = [
     "unix://{sock}?secret={m}",
     "redis://{hp}/0?password={m}&password={m}",
     "redis://{hp}/0?username=u&password={m}&x=1",
+    # CRON_RUNNER_PING_URL, with the real Redis: a ping URL's path is its key.
+    "ping:http://127.0.0.1:1/{m}",
+    "ping:http://127.0.0.1:1/{m} x",
+    "ping:http://u:{m}@127.0.0.1:1/x",
+    "ping:ftp://127.0.0.1/{m}",
+    "ping:http://127.0.0.1:99999/{m}",
+    "ping:http://127.0.0.1:1/x?token={m}",
 ]
 
 
@@ -108,6 +115,10 @@ def test_a_secret_in_a_url_of_any_shape_is_never_shown(
         hp=f"127.0.0.1:{server.port}", h="127.0.0.1", m=MARK, sock=tmp_path / "r.sock"
     )
     env = runner_env(url, CRON_RUNNER_CONNECT_TIMEOUT="500ms")
+    if url.startswith("ping:"):
+        url = server.url
+        env.update(CRON_RUNNER_REDIS_URL=url, CRON_RUNNER_PING_URL=form.format(m=MARK)[5:],
+                   CRON_RUNNER_PING_TIMEOUT="1s")  # fmt: skip
     flag_env = {k: v for k, v in env.items() if k != "CRON_RUNNER_REDIS_URL"}
     runs = [
         (env, ["exec", "--name", "x", "--", "true"]),
