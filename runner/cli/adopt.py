@@ -162,8 +162,41 @@ class _Fields:
             )
 
 
+#: Deeper than any manifest nests (a CronJob's deepest field is about 15 levels down), and far
+#: from the recursion limit PyYAML's composer and everything after it would hit.
+MAX_DEPTH = 100
+#: Alias references in one input: a manifest from the API server has none, and a few
+#: thousand are enough to make a document of billions of nodes (the "billion laughs").
+MAX_ALIASES = 1000
+
+
+def _check_shape(text: str, source: str) -> None:
+    """Refuse input nested too deep, or with too many aliases, before it is composed: PyYAML's
+    event parser does not recurse, its composer does (RecursionError, a traceback)."""
+    depth = aliases = 0
+    for event in yaml.parse(text, Loader=yaml.SafeLoader):
+        if isinstance(event, yaml.CollectionStartEvent):
+            depth += 1
+            if depth > MAX_DEPTH:
+                line = event.start_mark.line + 1 if event.start_mark else "?"
+                raise Refused(
+                    f"{source}: nested more than {MAX_DEPTH} levels deep (line {line}): expected "
+                    "CronJob manifests"
+                )
+        elif isinstance(event, yaml.CollectionEndEvent):
+            depth -= 1
+        elif isinstance(event, yaml.AliasEvent):
+            aliases += 1
+            if aliases > MAX_ALIASES:
+                raise Refused(
+                    f"{source}: more than {MAX_ALIASES} aliases (*name): expected CronJob "
+                    "manifests, which have none"
+                )
+
+
 def load_documents(text: str, source: str) -> list[Doc]:
     try:
+        _check_shape(text, source)
         docs = [d for d in yaml.safe_load_all(text) if d is not None]
     except yaml.YAMLError as exc:
         raise Refused(f"{source}: not valid YAML: {exc}") from exc

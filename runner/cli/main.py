@@ -13,8 +13,9 @@ from collections.abc import Callable, MutableMapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from runner import __version__, logs, streams
-from runner.config.settings import Settings, load_settings, task_environment, url_has_password
-from runner.config.sources import FLAG_DEST_PREFIX, setting_flags
+from runner.config.settings import Settings, load_settings, task_environment
+from runner.config.sources import FLAG_DEST_PREFIX, OPTIONS_ATTR, setting_flags, setting_options
+from runner.config.urls import url_has_password
 from runner.errors import (
     EXIT_TASK_FAILED,
     ConfigError,
@@ -266,6 +267,10 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     return parser
 
 
+#: Far more than the manifests of thousands of CronJobs (a few KiB each).
+MAX_IMPORT_CHARS = 32 * 2**20
+
+
 def cmd_import(args: argparse.Namespace, settings: Settings) -> int:
     import shlex  # noqa: PLC0415
     from pathlib import Path  # noqa: PLC0415
@@ -279,9 +284,19 @@ def cmd_import(args: argparse.Namespace, settings: Settings) -> int:
     docs = []
     for name in args.files:
         try:
-            text = sys.stdin.read() if name == "-" else Path(name).read_text()
-        except (OSError, UnicodeDecodeError) as exc:
+            # Bounded: a path such as /dev/zero must not fill the memory.
+            if name == "-":
+                text = sys.stdin.read(MAX_IMPORT_CHARS + 1)
+            else:
+                with Path(name).open(encoding="utf-8") as f:
+                    text = f.read(MAX_IMPORT_CHARS + 1)
+        except (OSError, UnicodeDecodeError, ValueError) as exc:
             raise ConfigError(f"import: cannot read {name}: {exc}") from exc
+        if len(text) > MAX_IMPORT_CHARS:
+            raise ConfigError(
+                f"import: {name} is longer than {MAX_IMPORT_CHARS // 2**20} MiB: expected "
+                "CronJob manifests; import them a namespace or a few at a time"
+            )
         docs.extend(adopt.load_documents(text, "stdin" if name == "-" else name))
     if not docs:
         # An empty `kubectl get ... -o yaml` (it failed, or found none) must not print values
@@ -556,6 +571,7 @@ def _main(args_list: list[str]) -> int:
     parser = build_parser(args_list[0] if args_list else None)
     try:
         args = parser.parse_args(args_list)
+        setattr(args, OPTIONS_ATTR, setting_options(parser))
         if not getattr(args, "handler", None):
             parser.print_help(sys.stderr)
             return UsageError.exit_code
