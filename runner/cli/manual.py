@@ -169,7 +169,10 @@ def _target(args: argparse.Namespace, settings: Settings, verb: str) -> tuple[st
     if settings.run.mode == "enqueue":
         from runner.cli.queue import enqueue_target  # noqa: PLC0415 - queue mode only
 
-        return name, enqueue_target(settings, spec), f"enqueue {spec.name}"
+        sender = enqueue_target(settings, spec)
+        # Each backfilled slot was asked for: a worker waits for its turn, never skips it.
+        sender.wait_turn = verb == "backfill"
+        return name, sender, f"enqueue {spec.name}"
     from runner.run.targets import PythonTarget  # noqa: PLC0415
 
     return name, PythonTarget(spec.fn), f"run {spec.name}"
@@ -254,6 +257,7 @@ def cmd_backfill(args: argparse.Namespace, settings: Settings) -> int:
         logging.INFO if tally.exit_code == 0 else logging.ERROR,
         line,
         extra={"event": "backfill", "task": name, "slots": len(slots), "ran": tally.ran,
+               "sent": tally.sent,
                "skipped": tally.skipped, "failed": tally.failed, "exit_code": tally.exit_code},
     )  # fmt: skip
     sys.stdout.write(line + "\n")

@@ -28,13 +28,13 @@ from dramatiq.brokers.redis import RedisBroker
 from redis.exceptions import RedisError
 
 from runner import clock
-from runner.config.settings import REPLACE, Settings
+from runner.config.settings import ALLOW_OTHER_SLOTS, REPLACE, Settings
 from runner.errors import Cancelled, CronRunnerError, LeaseNotOwned
 from runner.keys import TaskKeys
 from runner.lease import journal, store
 from runner.lease.journal import Fields
 from runner.lease.keeper import Keeper
-from runner.lease.scripts import AcquireResult, new_token
+from runner.lease.scripts import AcquireResult, holder_of, new_token, slot_of
 from runner.logs import RunLogger, keeper_logger, run_logger
 from runner.outcomes import (
     FAILED,
@@ -48,7 +48,15 @@ from runner.outcomes import (
     exit_code,
 )
 from runner.queue import limits
-from runner.queue.jobs import JOB_MARKER_RETENTION_MS, Gate, JobKeys, JobLease, PutBack, Skip
+from runner.queue.jobs import (
+    JOB_MARKER_RETENTION_MS,
+    Gate,
+    JobKeys,
+    JobLease,
+    PutBack,
+    Skip,
+    turn_later,
+)
 from runner.queue.options import JobPolicy, job_policy
 from runner.tasks import RunContext, TaskSpec, queue_options
 
@@ -57,6 +65,8 @@ if TYPE_CHECKING:
 
 T = TypeVar("T")
 REPLACED_REASON = "replaced by a run of a newer slot"
+# The ``skipped`` field a slot that waits its turn writes on its marker before an acquire.
+WAITS_TURN = "waits_turn"
 
 
 @dataclass
@@ -211,8 +221,9 @@ class Actors:
             )
 
         gate = Gate(look, job.slot, wait_s=self._overlap_wait_s(job),
-                    held_wait_s=self.settings.lease.held_wait, stopping=self.runtime.stopping)  # fmt: skip
-        turn = gate.take()
+                    held_wait_s=self.settings.lease.held_wait, stopping=self.runtime.stopping,
+                    waits_turn=job.policy.wait_turn)  # fmt: skip
+        turn = self._not_its_turn(job, lease) or gate.take()
         if isinstance(turn, Skip):
             self._skipped(job, lease, turn)
             return
@@ -246,6 +257,32 @@ class Actors:
         finally:
             keeper.stop()
 
+    def _not_its_turn(self, job: _Job, lease: JobLease) -> PutBack | None:
+        """A slot that waits its turn, while another slot holds the lease: back on the queue.
+
+        The acquire script records a slot's skip once, when its marker has no ``skipped``
+        field yet: one is written here first, so that a held reply (another job took the
+        lease between this read and the acquire) records nothing, and the message goes back.
+        A skip that stands (superseded, paused) is then recorded by the worker (``_skipped``).
+        """
+        if not job.policy.wait_turn or job.slot is None:
+            return None
+        keys = lease.keys
+        marker = keys.slot(job.slot)
+
+        def read() -> list[Any]:
+            pipe = self.record_client.pipeline(transaction=False)
+            pipe.hsetnx(marker, "skipped", WAITS_TURN)
+            pipe.pexpire(marker, JOB_MARKER_RETENTION_MS)
+            pipe.get(keys.lease)
+            pipe.pttl(keys.lease)
+            return list(pipe.execute())
+
+        *_, token, ttl_ms = self._store(read, "read the lease")
+        if job.policy.overlap == ALLOW_OTHER_SLOTS or token is None or slot_of(token) == job.slot:
+            return None  # free, or held for this very slot: the gate's usual wait
+        return turn_later(int(ttl_ms), holder_of(token))
+
     def _preempted(self, job: _Job, ctx: RunContext, exc: CronRunnerError) -> None:
         job.logger.warning(str(exc), extra={"event": "preempted"})
         ctx.cancel(REPLACED_REASON)
@@ -253,7 +290,9 @@ class Actors:
     def _skipped(self, job: _Job, lease: JobLease, skip: Skip) -> None:
         job.started_wall, job.started_mono = clock.wall(), clock.monotonic()
         self._log_finished(job, skip.outcome, skip.reason)
-        if skip.recorded or skip.outcome == SKIPPED_DONE:  # a done slot is not a run to record
+        # A done slot is not a run to record; a slot that waits its turn had its skip kept
+        # out of the script's record (_not_its_turn).
+        if (skip.recorded and not job.policy.wait_turn) or skip.outcome == SKIPPED_DONE:
             return
         record = self._record_fields(job, skip.outcome, 0, skip.reason)
         self._finish_quietly(job, lambda: lease.record(record, {}))

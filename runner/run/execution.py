@@ -334,6 +334,10 @@ class Execution:
             raise StoreUnavailable(reason)
 
     def _run_task(self, keeper: Keeper, fence: int) -> RunResult:
+        # An enqueue target sends each slot to the workers: there they wait their turn.
+        catching_up = getattr(self.target, "catching_up", None)
+        if self._catching_up and catching_up is not None:
+            catching_up()
         for slot in self._catching_up:
             ended = self._catch_up(keeper, fence, slot)
             if ended is not None:

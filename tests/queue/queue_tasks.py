@@ -143,3 +143,15 @@ def scale_job(ctx: RunContext) -> None:
     started_ms = int(time.time() * 1000)
     payload = ctx.payload
     client().rpush(SCALE_DONE, f"{payload['i']} {os.getpid()} {payload['t']} {started_ms}")
+
+
+@task("q-turn")
+def turn_job(ctx: RunContext) -> None:
+    """A slot's job of 1.5 s that checks between steps: long enough for the slots fetched with
+    it to find the lease held."""
+    effect(ctx, "start")
+    end = time.monotonic() + 1.5
+    while time.monotonic() < end:
+        ctx.check()
+        time.sleep(0.02)
+    effect(ctx, "ran")
