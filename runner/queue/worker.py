@@ -46,6 +46,7 @@ from runner.config.queue import (
 from runner.config.settings import Settings
 from runner.errors import EXIT_TERMINATED, ConfigError
 from runner.lease import store
+from runner.queue import checked
 from runner.queue.actors import Actors
 from runner.queue.messages import make_broker
 from runner.queue.options import queue_of
@@ -273,7 +274,8 @@ def build(
     )
     # No time limit unless a task sets one: a scheduled job's length is its own business.
     middleware = [runtime, TimeLimit(time_limit=float("inf")), retries, *_metrics_middleware(qs)]
-    broker = make_broker(client, qs, middleware)
+    checked.install()
+    broker = make_broker(client, qs, middleware, checked=True)
     actors = Actors(settings, broker, runtime, record_client)
     for spec, queue in served.actors:
         actors.declare(spec, queue)
