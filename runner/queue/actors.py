@@ -47,7 +47,7 @@ from runner.outcomes import (
     SKIPPED_HELD,
     exit_code,
 )
-from runner.queue import limits
+from runner.queue import attempts, limits
 from runner.queue.jobs import (
     JOB_MARKER_RETENTION_MS,
     Gate,
@@ -65,6 +65,7 @@ if TYPE_CHECKING:
 
 T = TypeVar("T")
 REPLACED_REASON = "replaced by a run of a newer slot"
+SHUTDOWN = "stopped for the worker's shutdown: put back on its queue"
 # The ``skipped`` field a slot that waits its turn writes on its marker before an acquire.
 WAITS_TURN = "waits_turn"
 
@@ -320,6 +321,30 @@ class Actors:
         self.runtime.attach(ctx)
         job.started_wall, job.started_mono = clock.wall(), clock.monotonic()
         job.logger.debug("start", extra={"event": "start"})
+        traced = self._begin_attempt(job, ctx)
+        try:
+            self._task(job, ctx, lease=lease, keeper=keeper)
+        finally:
+            if traced:  # this attempt's own record is written (or could not be)
+                attempts.safely(attempts.end, self.record_client, self._keys(job), job.message_id)
+
+    def _keys(self, job: _Job) -> TaskKeys:
+        return TaskKeys(self.settings.lease.prefix, self.settings.lease.scope, job.name)
+
+    def _begin_attempt(self, job: _Job, ctx: RunContext) -> bool:
+        """Leave this attempt's trace, recording the one before it if it left one (a worker
+        killed, or stopped at the end of its grace): runner.queue.attempts."""
+        if not job.message_id:
+            return False
+        trace = {"holder": ctx.holder, "fence": ctx.fencing_token, "slot": ctx.slot,
+                 "started_at": job.started_wall}  # fmt: skip
+        attempts.safely(attempts.begin, self.record_client, self._keys(job), job.message_id,
+                        trace, self.settings.lease.history_length)  # fmt: skip
+        return True
+
+    def _task(
+        self, job: _Job, ctx: RunContext, *, lease: JobLease | None, keeper: Keeper | None
+    ) -> None:
         try:
             job.spec.fn(ctx)
         except BaseException as exc:
@@ -330,11 +355,17 @@ class Actors:
             if isinstance(exc, Cancelled) and self.runtime.stopping.is_set() and job.message:
                 # Stopped for the shutdown: a copy goes back with the same retry count, then
                 # this one is acknowledged. A crash in between runs it twice, never zero times.
+                # The attempt is recorded as requeued (the state stays the last run's).
+                record = self._record_fields(job, REQUEUED, ctx.fencing_token, SHUTDOWN)
                 if lease is not None:
-                    self._finish_quietly(job, lambda: lease.release({}, {}))
+                    self._finish_quietly(job, lambda: lease.release(record, {}))
+                else:
+                    self._finish_quietly(job, lambda: journal.record_unleased(
+                        self.record_client, self._keys(job), record, {},
+                        runs_maxlen=self.settings.lease.history_length))  # fmt: skip
                 self.runtime.put_back(self.broker, job.message)
                 self.runtime.requeued += 1
-                self._log_finished(job, REQUEUED, None)
+                self._log_finished(job, REQUEUED, SHUTDOWN)
                 return
             if lease is not None and keeper is not None and keeper.is_lost():
                 self._lost(job, ctx, lease, error)
