@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import dramatiq
 from dramatiq.broker import MessageProxy
 from dramatiq.brokers.redis import RedisBroker
+from dramatiq.middleware import TimeLimitExceeded
 from redis.exceptions import RedisError
 
 from runner import clock
@@ -65,6 +66,7 @@ if TYPE_CHECKING:
 
 T = TypeVar("T")
 REPLACED_REASON = "replaced by a run of a newer slot"
+TIME_LIMIT = "time limit"
 SHUTDOWN = "stopped for the worker's shutdown: put back on its queue"
 # The ``skipped`` field a slot that waits its turn writes on its marker before an acquire.
 WAITS_TURN = "waits_turn"
@@ -369,6 +371,11 @@ class Actors:
                 return
             if lease is not None and keeper is not None and keeper.is_lost():
                 self._lost(job, ctx, lease, error)
+            elif isinstance(exc, TimeLimitExceeded) or ctx.cancel_reason.startswith(TIME_LIMIT):
+                # Stopped at its limit, or later: when the call it was blocked in returned.
+                why = ctx.cancel_reason or TIME_LIMIT + " exceeded"
+                self._failed(job, ctx, lease, f"{why}: stopped after "
+                             f"{self._duration_ms(job) / 1000:.1f}s")  # fmt: skip
             elif isinstance(exc, Cancelled):
                 self._failed(job, ctx, lease, "cancelled")
             else:

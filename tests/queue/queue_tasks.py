@@ -155,3 +155,22 @@ def turn_job(ctx: RunContext) -> None:
         ctx.check()
         time.sleep(0.02)
     effect(ctx, "ran")
+
+
+@task("q-blocked", retries=0, time_limit="500ms")
+def blocked(ctx: RunContext) -> None:
+    """Blocked in one call (the payload's seconds) past its time limit, then works on."""
+    effect(ctx, "start")
+    time.sleep(float(ctx.payload.get("seconds", 3)))
+    effect(ctx, "after")
+    time.sleep(0.5)
+    effect(ctx, "ran")
+
+
+@task("q-waiting", retries=0, time_limit="500ms")
+def waiting(ctx: RunContext) -> None:
+    """Waits on its context (the payload's seconds) past its time limit."""
+    effect(ctx, "start")
+    ctx.cancelled.wait(float(ctx.payload.get("seconds", 10)))
+    ctx.check()
+    effect(ctx, "ran")
