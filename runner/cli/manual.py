@@ -78,8 +78,10 @@ def add_commands(sub: Any, add_flags: AddFlags) -> None:
         "so a backfill repeated over the same range runs nothing. A run that holds the lease "
         "is waited for (--wait), not skipped. A backfilled slot is recorded in the history "
         "(with the field backfill) but leaves the task's state, its latest slot's, as it is. "
-        "In queue mode (CRON_RUNNER_MODE=enqueue) each slot's message is enqueued. The last "
-        "line says how many slots ran, were skipped and failed. Examples:\n"
+        "In queue mode (CRON_RUNNER_MODE=enqueue) each slot's message is enqueued, and a worker "
+        "runs each slot once, waiting for its turn while another slot holds the lease. The last "
+        "line says how many slots ran (in queue mode: were sent), were skipped and failed. "
+        "Examples:\n"
         "  cron-runner backfill billing --from 2026-01-01T00:00:00Z --to 2026-01-02T00:00:00Z\n"
         "  cron-runner backfill --name billing --schedule '0 * * * *' --from 1767225600 \\\n"
         "      --to 1767312000 -- php artisan billing",
