@@ -275,7 +275,9 @@ class Actors:
 
         def read() -> list[Any]:
             pipe = self.record_client.pipeline(transaction=False)
-            pipe.hsetnx(marker, "skipped", WAITS_TURN)
+            # HSET, not HSETNX: the minimal ACL has it (docs/reliability.md), and only the
+            # field's presence counts.
+            pipe.hset(marker, "skipped", WAITS_TURN)
             pipe.pexpire(marker, JOB_MARKER_RETENTION_MS)
             pipe.get(keys.lease)
             pipe.pttl(keys.lease)
