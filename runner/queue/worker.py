@@ -137,8 +137,14 @@ class Runtime(Middleware):
             )  # fmt: skip
 
     def before_nack(self, broker: Broker, message: MessageProxy) -> None:
+        error = message._exception  # Dramatiq's own record of why it failed
+        why = "retries exhausted"
+        if error is not None and "traceback" not in message.options:
+            # Failed without a run (a task this worker does not have): the reason is all there is.
+            why = f"{type(error).__name__}: {error}"
+            message.options["traceback"] = why
         log.error(
-            f"{message.actor_name}: retries exhausted; moved to the dead-letter queue "
+            f"{message.actor_name}: {why}; moved to the dead-letter queue "
             f"(cron-runner dlq list {message.actor_name})",
             extra={"event": "dead_lettered", "task": message.actor_name,
                    "message_id": message.message_id, "attempt": message.options.get("retries", 0),
