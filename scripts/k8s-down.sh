@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Stops what scripts/k8s-up.sh (and the node, when one was started) left running, and leaves
 # nothing behind: no processes, containerd shims, mounts, network namespaces or bridges.
-# Idempotent. The PKI is kept, so a kubeconfig copied elsewhere stays valid for the next start.
+# Idempotent. The certificates in .k8s/pki are kept for the next start.
 #
 #   scripts/k8s-down.sh [--keep-logs]
 set -euo pipefail
@@ -61,5 +61,5 @@ if [[ -f $run/node.env ]]; then
     ip link delete "${NODE_BRIDGE:?}" 2>/dev/null || true
 fi
 
-rm -rf "$run" "$K8S_STATE/etcd" "$K8S_STATE/node"
+rm -rf "$run" "$K8S_STATE/etcd" "$K8S_STATE/node" "$K8S_STATE/kubeconfig"
 [[ $keep_logs == 1 ]] || rm -rf "$K8S_STATE/logs"
