@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 from runner import __version__, logs
 from runner.config.settings import Settings, load_settings, task_environment, url_has_password
 from runner.config.sources import FLAG_DEST_PREFIX, setting_flags
-from runner.errors import ConfigError, CronRunnerError, Terminated, UsageError
+from runner.errors import ConfigError, CronRunnerError, StoreUnavailable, Terminated, UsageError
 
 if TYPE_CHECKING:
     from runner.run.execution import Asked
@@ -489,6 +489,17 @@ def _freeze_before_exit() -> None:
     gc.freeze()
 
 
+def _redis_error_exit_code(exc: BaseException) -> int | None:
+    """The exit code of an error redis-py raised, else None. redis is imported by then if it
+    raised: looked up, not imported, so that commands without Redis do not load it."""
+    exceptions = sys.modules.get("redis.exceptions")
+    if exceptions is None or not isinstance(exc, exceptions.RedisError):
+        return None
+    if isinstance(exc, exceptions.InvalidResponse):
+        return ConfigError.exit_code
+    return StoreUnavailable.exit_code
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args_list = sys.argv[1:] if argv is None else list(argv)
     parser = build_parser(args_list[0] if args_list else None)
@@ -522,6 +533,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         return exc.exit_code
     except KeyboardInterrupt:
         return Terminated.exit_code
+    except Exception as exc:
+        # A Redis error no caller expected (a reply that broke the protocol mid-command): a
+        # clear line and 69 (78 for bytes that are not Redis at all), never a traceback.
+        code = _redis_error_exit_code(exc)
+        if code is None:
+            raise
+        log.error(f"Redis: {exc}", extra={"event": "error", "exit_code": code})
+        return code
     finally:
         if argv is None and args_list[:1] == ["exec"]:
             _freeze_before_exit()
