@@ -20,6 +20,7 @@ from redis.exceptions import NoScriptError, RedisError
 from runner import clock
 from runner.config.settings import ALLOW_OTHER_SLOTS, BUFFER_ONE, OVERLAPS, REPLACE, SKIP
 from runner.errors import (
+    CorruptRecord,
     DefinitionConflict,
     FinishIncomplete,
     LeaseNotOwned,
@@ -78,6 +79,14 @@ ACQUIRE = """
 local meta = redis.call('HMGET', KEYS[3], 'protocol', 'protocol_min', 'definition', 'since',
   'paused', 'paused_until', 'protocol_min_before_pause')
 local stored, stored_min = meta[1], meta[2]
+-- A version that is not a number was not written by a runner: a corrupted record, which no
+-- retry mends (looked at only when it differs from ours, as below).
+if stored and stored ~= ARGV[3] and not tonumber(stored) then
+  return {'corrupt', KEYS[3], 'protocol', stored}
+end
+if stored_min and stored_min ~= ARGV[4] and stored_min ~= ARGV[3] and not tonumber(stored_min) then
+  return {'corrupt', KEYS[3], 'protocol_min', stored_min}
+end
 -- Strings first: a stored version equal to ours needs no tonumber (a strtod each).
 if stored_min and stored_min ~= ARGV[4] and stored_min ~= ARGV[3]
     and tonumber(ARGV[3]) < tonumber(stored_min) then
@@ -274,7 +283,17 @@ end
 -- Never below the server's clock in milliseconds: a counter lost with Redis's data (a restart
 -- without persistence, a failover to a lagging replica) starts again above every fence handed
 -- out before, as long as that clock has moved on since.
-local fence = redis.call('INCR', KEYS[2])
+local fence = redis.pcall('INCR', KEYS[2])
+if type(fence) == 'table' then
+  if not (string.find(fence.err, 'WRONGTYPE') or string.find(fence.err, 'not an integer')) then
+    return redis.error_reply(fence.err)  -- an ACL refusal, as before
+  end
+  -- Not an integer, or not a string: a corrupted fence, which no retry mends. The lease just
+  -- taken is given back: nothing runs on it.
+  redis.call('DEL', KEYS[1])
+  if policy == 'slots' and redis.call('GET', aux) == ARGV[1] then redis.call('DEL', aux) end
+  return {'corrupt', KEYS[2], '', fence.err}
+end
 if fence < now() then
   fence = now_ms
   redis.call('SET', KEYS[2], string.format('%d', now_ms))
@@ -575,9 +594,9 @@ class Paused(NamedTuple):
 AcquireResult = Acquired | Held | SlotDone | Paused
 
 # What an acquire's table may name first (ACQUIRE's replies), and how long each is at least.
-_ACQUIRE_KINDS = ("acquired", "held", "protocol", "definition", "paused", "done")
+_ACQUIRE_KINDS = ("acquired", "held", "protocol", "definition", "paused", "done", "corrupt")
 _ACQUIRE_LENGTHS = {"acquired": 2, "held": 4, "protocol": 3, "definition": 2, "paused": 5,
-                    "done": 3}  # fmt: skip
+                    "done": 3, "corrupt": 4}  # fmt: skip
 _RENEW_LENGTHS = {"not_owner": 2, "preempted": 3}
 
 
@@ -891,6 +910,8 @@ class Lease:
             raise ProtocolRefused(PROTOCOL, parts[1], parts[2], self.keys.meta)
         if kind == "definition":
             raise DefinitionConflict(self.definition, parts[1], self.keys.meta)
+        if kind == "corrupt":
+            raise CorruptRecord(parts[1], parts[2], parts[3])
         if kind == "paused":
             return Paused(
                 note=parts[1],
