@@ -15,12 +15,14 @@ and a record that cannot be read is the caller's to report and skip (runner.ops.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import Any, TypeVar
 
 from redis.exceptions import RedisError
 
 from runner.errors import ConfigError, StoreUnavailable
+
+T = TypeVar("T")
 
 # A fence is never below the server's clock in milliseconds (ACQUIRE): any reply below this one
 # (2001-09-09 in ms) is not a fence.
@@ -154,3 +156,24 @@ def members(reply: Any, what: str) -> list[str]:
     if not isinstance(reply, list | set):
         raise UnexpectedReply(what, reply)
     return [text(m, what) for m in reply]
+
+
+def slot_member(value: Any) -> int | None:
+    """A missed-slot ledger member (a slot, epoch seconds), or None for one no runner wrote."""
+    try:
+        number = float(text(value, "ledger"))
+    except (UnexpectedReply, ValueError):
+        return None
+    if not number.is_integer() or not 0 <= number < 2**53:
+        return None
+    return int(number)
+
+
+def answered(call: Callable[[], T], what: str) -> T:
+    """``call``'s reply. redis-py turns some replies into Python values on the way (HGETALL's
+    pairs into a dict, SMEMBERS' into a set), assuming Redis's shapes: a reply of another
+    shape fails there, as a reply Redis never gives."""
+    try:
+        return call()
+    except (TypeError, ValueError, KeyError, IndexError, AttributeError) as exc:
+        raise UnexpectedReply(what, f"{type(exc).__name__}: {exc}") from exc
