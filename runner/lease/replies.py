@@ -177,3 +177,29 @@ def answered(call: Callable[[], T], what: str) -> T:
         return call()
     except (TypeError, ValueError, KeyError, IndexError, AttributeError) as exc:
         raise UnexpectedReply(what, f"{type(exc).__name__}: {exc}") from exc
+
+
+# Epoch seconds a record can hold: before the year 10000, which every time library shows.
+_LAST_TIME_S = 253_402_300_800
+
+
+def stored_time(value: Any) -> float | None:
+    """A time a record holds (epoch seconds), or None for one no runner wrote."""
+    try:
+        number = float(value) if value not in (None, "") else None
+    except (TypeError, ValueError):
+        return None
+    if number is None or not 0 <= number < _LAST_TIME_S:  # also NaN
+        return None
+    return number
+
+
+def stored_int(value: Any, *, time: bool = False) -> int | None:
+    """A whole number a record holds (``time``: a slot, in epoch seconds), or None."""
+    try:
+        number = int(value) if value not in (None, "") else None
+    except (TypeError, ValueError):
+        return None
+    if number is None or abs(number) >= 2**63 or (time and not 0 <= number < _LAST_TIME_S):
+        return None
+    return number

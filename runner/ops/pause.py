@@ -22,7 +22,7 @@ from typing import Any
 
 from runner.errors import ConfigError
 from runner.keys import TaskKeys
-from runner.lease import journal
+from runner.lease import journal, replies
 from runner.lease.scripts import PROTOCOL, PROTOCOL_MIN_OVERLAP, Script
 
 #: The run stream's records of an operator's pause and resume (not runs; `paused` is the
@@ -155,11 +155,7 @@ class Resumed:
 
 
 def _float(value: Any) -> float | None:
-    text = value.decode() if isinstance(value, bytes) else value
-    try:
-        return float(text) if text not in (None, "") else None
-    except (TypeError, ValueError):
-        return None
+    return replies.stored_time(value.decode() if isinstance(value, bytes) else value)
 
 
 def _iso(t_s: float) -> str:

@@ -136,17 +136,16 @@ class RunRecord:
 
 
 def _int(value: Any) -> int | None:
-    try:
-        return int(value) if value not in (None, "") else None
-    except (TypeError, ValueError):
-        return None
+    return replies.stored_int(value)
+
+
+def _slot(value: Any) -> int | None:
+    return replies.stored_int(value, time=True)
 
 
 def _float(value: Any) -> float | None:
-    try:
-        return float(value) if value not in (None, "") else None
-    except (TypeError, ValueError):
-        return None
+    """Every float a record holds is a time (epoch seconds)."""
+    return replies.stored_time(value)
 
 
 def _result(state: dict[str, str], summary: str) -> Result | None:
@@ -157,7 +156,7 @@ def _result(state: dict[str, str], summary: str) -> Result | None:
     success = summary == journal.LAST_SUCCESS
     return Result(
         at=at,
-        slot=_int(state.get(journal.slot_field(summary))),
+        slot=_slot(state.get(journal.slot_field(summary))),
         duration_ms=_int(state.get(journal.duration_field(summary))),
         outcome=RAN if success else state.get(journal.LAST_FAILURE_OUTCOME, FAILED),
         exit_code=0 if success else _int(state.get(journal.LAST_FAILURE_EXIT_CODE)),
@@ -306,7 +305,7 @@ def record_of(entry_id: str, fields: dict[str, str]) -> RunRecord:
     return RunRecord(
         id=entry_id,
         started_at=_float(fields.get(journal.STARTED_AT)),
-        slot=_int(fields.get(journal.SLOT)),
+        slot=_slot(fields.get(journal.SLOT)),
         holder=fields.get(journal.HOLDER) or None,
         fence=_int(fields.get(journal.FENCE)),
         outcome=fields.get(journal.OUTCOME) or None,
@@ -369,7 +368,20 @@ class Reader:
 
     def _indexed(self) -> set[str]:
         key = scope_index(self.prefix, self.scope)
-        return set(replies.members(replies.answered(lambda: self.client.smembers(key), key), key))
+        try:
+            return set(
+                replies.members(replies.answered(lambda: self.client.smembers(key), key), key)
+            )
+        except ResponseError as exc:
+            if isinstance(exc, NoPermissionError):
+                raise
+            # A damaged index (a key of another type): SCAN, where allowed, still finds them.
+            log.warning(
+                f"the scope's task index {key} cannot be read ({exc}): the tasks are found by "
+                "SCAN alone; delete the key, and each task's next run adds itself again",
+                extra={"event": "unreadable"},
+            )
+            return set()
 
     def _scanned(self) -> set[str]:
         # Prefix and scope are validated (keys.py): no glob character can appear in them.
@@ -436,9 +448,14 @@ class Reader:
             if task not in read:
                 continue
             unresolved = tuple(slot for slot in ledgers[i] if slot not in ran[i])
-            out.append(
-                self._build(task, read[task], unresolved, now_s=now_s, tolerance_s=tolerance_s)
-            )
+            try:
+                built = self._build(
+                    task, read[task], unresolved, now_s=now_s, tolerance_s=tolerance_s
+                )
+            except (ValueError, OverflowError) as exc:  # a value read that no schedule can place
+                self.report_unreadable(task, exc)
+                continue
+            out.append(built)
         return out
 
     def report_unreadable(self, task: str, exc: Exception) -> None:
@@ -502,7 +519,7 @@ class Reader:
                 schedule = slots.Schedule.parse(schedule_expr, timezone or "UTC", 0.0)
                 # A run may claim a slot up to the tolerance early, so the slot it recorded can
                 # still lie ahead of now: the next slot is the one after both.
-                last_slot = _int(state.get(journal.LAST_SLOT)) or 0
+                last_slot = _slot(state.get(journal.LAST_SLOT)) or 0
                 if last_slot > schedule.next_after(now_s):
                     last_slot = 0  # implausible: no run can have claimed a slot that far ahead
                 next_slot = schedule.next_after(max(now_s, last_slot))
@@ -534,7 +551,7 @@ class Reader:
             fence=_int(fence) or 0,
             schedule=schedule_expr,
             timezone=timezone,
-            last_slot=_int(state.get(journal.LAST_SLOT)),
+            last_slot=_slot(state.get(journal.LAST_SLOT)),
             last_run_at=_float(state.get(journal.LAST_RUN_AT)),
             last_outcome=state.get(journal.LAST_OUTCOME) or None,
             last_holder=state.get(journal.LAST_HOLDER) or None,
