@@ -23,7 +23,7 @@ NOT_RESP = {"garbage", "http"}
 ANSWERS_RESP = {"int_1", "int_minus_1", "ok", "null_array", "nested_arrays", "resp3_map",
                 "null_bulk"}  # fmt: skip
 AWAY_OR_REFUSING = {"error", "close"}
-assert NOT_RESP | ANSWERS_RESP | AWAY_OR_REFUSING == set(SHAPES)
+assert set(SHAPES) == NOT_RESP | ANSWERS_RESP | AWAY_OR_REFUSING
 
 COMMANDS = {
     "exec": lambda mark: ["exec", "--name", "t", "--", "sh", "-c", f"echo ran >> {mark}"],
