@@ -20,8 +20,8 @@ from tests.serve.conftest import serving
 # The ops commands' handshake is a PING: anything but PONG is the wrong kind of server (78).
 # exec and run send nothing before their acquire: its reply is checked for its shape (69).
 NOT_RESP = {"garbage", "http"}
-ANSWERS_RESP = {"int_1", "int_minus_1", "ok", "null_array", "nested_arrays", "resp3_map",
-                "null_bulk"}  # fmt: skip
+ANSWERS_RESP = {"int_1", "int_minus_1", "ok", "null_array", "string_array", "int_array",
+                "nested_arrays", "resp3_map", "null_bulk"}  # fmt: skip
 AWAY_OR_REFUSING = {"error", "close"}
 assert set(SHAPES) == NOT_RESP | ANSWERS_RESP | AWAY_OR_REFUSING
 

@@ -19,6 +19,8 @@ SHAPES: dict[str, bytes] = {
     "int_minus_1": b":-1\r\n",
     "ok": b"+OK\r\n",
     "null_array": b"*-1\r\n",
+    "string_array": b"*3\r\n$2\r\nno\r\n$1\r\nx\r\n$0\r\n\r\n",
+    "int_array": b"*3\r\n:1\r\n:2\r\n:3\r\n",
     "nested_arrays": b"*2\r\n*1\r\n:1\r\n*2\r\n$2\r\nok\r\n*0\r\n",
     "resp3_map": b"%1\r\n+ok\r\n:1\r\n",
     "null_bulk": b"$-1\r\n",
