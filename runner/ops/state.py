@@ -378,7 +378,7 @@ class Reader:
             # A damaged index (a key of another type): SCAN, where allowed, still finds them.
             log.warning(
                 f"the scope's task index {key} cannot be read ({exc}): the tasks are found by "
-                "SCAN alone; delete the key, and each task's next run adds itself again",
+                "SCAN alone, where the ACL allows it; mend the key (a set of the task names)",
                 extra={"event": "unreadable"},
             )
             return set()
