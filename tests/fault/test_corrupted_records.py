@@ -106,3 +106,33 @@ def test_a_damaged_record_affects_its_own_task_alone_with_no_traceback(
         code, page = served.get("/")
         assert code == 200 and OTHER in page
     assert "Traceback" not in (tmp_path / "serve.log").read_text()
+
+
+CORRUPTED_LEASE_INPUTS = {
+    "protocol": [["HSET", _key("meta"), "protocol", "abc"]],
+    "protocol_min": [["HSET", _key("meta"), "protocol_min", "x1"]],
+    "fence_value": [["SET", _key("fence"), "abc"]],
+    "fence_type": [["HSET", _key("fence"), "a", "1"]],
+}
+
+
+@pytest.mark.parametrize("case", list(CORRUPTED_LEASE_INPUTS))
+def test_a_corrupted_version_or_fence_exits_78_not_69_and_the_command_never_starts(
+    redis_server: RedisServer, tmp_path: Path, case: str
+) -> None:
+    """Not a Redis that is away: no retry mends it. The lease taken for the acquire is given
+    back, and the error names the key."""
+    client = redis_server.client()
+    for command in CORRUPTED_LEASE_INPUTS[case]:
+        client.execute_command(*command)
+    mark = tmp_path / "mark"
+    res = run(["exec", "--name", DAMAGED, "--", "sh", "-c", f"echo ran >> {mark}"],
+              runner_env(redis_server.url))  # fmt: skip
+    assert res.returncode == 78, res.stderr
+    assert "Traceback" not in res.stderr
+    assert not mark.exists()
+    assert (
+        "corrupted record" in res.stderr
+        and _key("meta" if "protocol" in case else "fence") in res.stderr
+    )
+    assert client.get(_key("lease")) is None
