@@ -54,6 +54,7 @@ def test_a_server_that_is_not_redis_runs_nothing_and_exits_78_or_69(
         env = runner_env(url, SIDE_EFFECTS=str(mark), CRON_RUNNER_CONNECT_TIMEOUT="1s")
         res = run(COMMANDS[command](mark), env)
     assert not mark.exists(), f"the task ran on a {shape} reply"
+    assert "skipped_done" not in res.stderr, "a slot reported done that never ran"
     assert "Traceback" not in res.stderr, res.stderr
     assert res.returncode == expected_exit(shape, command), res.stderr
     said = res.stderr + res.stdout  # check reports on stdout
