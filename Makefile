@@ -82,6 +82,7 @@ test-scale: $(STAMP)
 
 bench: $(STAMP)
 	$(BIN)/python bench/lease_cycle.py
+	$(BIN)/python bench/fleet_acquire.py
 
 clean:
 	rm -rf $(VENV) $(REDIS8_VENV) .mypy_cache .ruff_cache .pytest_cache

@@ -4,6 +4,7 @@ every error to its exit code in one place (docs/design.md, Exit codes)."""
 from __future__ import annotations
 
 import argparse
+import errno
 import gc
 import logging
 import os
@@ -11,10 +12,17 @@ import sys
 from collections.abc import Callable, MutableMapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from runner import __version__, logs
+from runner import __version__, logs, streams
 from runner.config.settings import Settings, load_settings, task_environment, url_has_password
 from runner.config.sources import FLAG_DEST_PREFIX, setting_flags
-from runner.errors import ConfigError, CronRunnerError, StoreUnavailable, Terminated, UsageError
+from runner.errors import (
+    EXIT_TASK_FAILED,
+    ConfigError,
+    CronRunnerError,
+    StoreUnavailable,
+    Terminated,
+    UsageError,
+)
 
 if TYPE_CHECKING:
     from runner.run.execution import Asked
@@ -39,7 +47,8 @@ EXIT_CODES = """exit codes:
        task was stopped and its slot marked done (not to be retried)
   126  exec: the command was found but cannot run (no execute bit, bad interpreter)
   127  exec: the command was not found
-  143  stopped by SIGTERM, SIGINT, SIGHUP, SIGQUIT, SIGUSR1 or SIGUSR2
+  143  stopped by SIGTERM, or by any other signal that would end the process (SIGINT, SIGHUP,
+       SIGQUIT, SIGUSR1/2, SIGALRM, SIGXCPU, real-time signals...; not SIGPIPE, SIGXFSZ)
 """
 
 ENVIRONMENT = """environment (flags win over variables):
@@ -220,9 +229,10 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
         help="print chart values that run existing CronJobs under the runner, in their own images",
         description="Read CronJob manifests (files, or - for stdin; one or many YAML documents) and "
         "print chart values that reproduce them under the runner: the same image, command, "
-        "schedule, time zone, history limits, pod settings and CronJob name, with the runner "
-        "injected (runner.inject: initContainer). A field the chart cannot carry over exits 78, "
-        "naming it. Example:\n  kubectl get cronjob nightly -o yaml | cron-runner import - > values.yaml",
+        "schedule, time zone, history limits, labels, container name, pod settings and CronJob "
+        "name, with the runner injected (runner.inject: initContainer); the header lists what "
+        "the chart changes and why. A field the chart cannot carry over exits 78, naming it. "
+        "Example:\n  kubectl get cronjob nightly -o yaml | cron-runner import - > values.yaml",
         formatter_class=fmt,
     )
     p.add_argument("files", nargs="*", default=["-"], metavar="FILE", help="manifests (default -)")
@@ -236,6 +246,17 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
         "--cmd",
         metavar="CMD",
         help="the image's CMD, for every container without command; its args replace it",
+    )
+    p.add_argument(
+        "--diff",
+        action="store_true",
+        help="print each original CronJob next to the one the chart renders from the values, "
+        "as a unified diff, instead of the values (Helm's engine: the import-diff extra)",
+    )
+    p.add_argument(
+        "--chart",
+        metavar="DIR",
+        help="the chart --diff renders (default: the one beside the package, in a checkout)",
     )
     _add_setting_flags(p, ("LOG_FORMAT", "LOG_LEVEL"))
     p.set_defaults(handler=cmd_import)
@@ -279,10 +300,17 @@ def cmd_import(args: argparse.Namespace, settings: Settings) -> int:
                 f"import: {flag}={value!r} is not valid: {exc}; expected words as a shell "
                 "reads them, e.g. --cmd 'php artisan schedule:run'"
             ) from exc
-    values, namespace = adopt.cronjobs_to_values(
-        docs, entrypoint=split["--entrypoint"], cmd=split["--cmd"]
-    )
-    sys.stdout.write(adopt.render_values(values, args.files, namespace))
+    imported = adopt.cronjobs_to_values(docs, entrypoint=split["--entrypoint"], cmd=split["--cmd"])
+    for warning in imported.warnings:
+        log.warning("import: %s", warning)
+    if args.diff:
+        from runner.cli import adopt_diff  # noqa: PLC0415
+
+        rendered = adopt_diff.render_cronjobs(imported, Path(args.chart) if args.chart else None)
+        cronjobs = [d for d in docs if isinstance(d, dict) and d.get("kind") == "CronJob"]
+        sys.stdout.write(adopt_diff.diff(cronjobs, rendered))
+        return 0
+    sys.stdout.write(adopt.render_values(imported, args.files))
     return 0
 
 
@@ -436,7 +464,7 @@ def _log_format_asked(argv: Sequence[str]) -> str:
     asked = asked.strip().lower()
     if asked in ("json", "text"):
         return asked
-    return "text" if sys.stderr.isatty() else "json"
+    return "text" if sys.stderr is not None and sys.stderr.isatty() else "json"
 
 
 def _hide_credentials(env: MutableMapping[str, str]) -> None:
@@ -501,7 +529,42 @@ def _redis_error_exit_code(exc: BaseException) -> int | None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    if argv is None:
+        # The process's entry: before anything opens a file or a socket, which would take a
+        # closed standard descriptor (runner/streams.py).
+        streams.guard()
     args_list = sys.argv[1:] if argv is None else list(argv)
+    try:
+        code = _main(args_list)
+    except SystemExit as exc:
+        if argv is not None or not isinstance(exc.code, int):
+            raise
+        code = exc.code  # --help, --version: their output is their result too
+    finally:
+        if argv is None and args_list[:1] == ["exec"]:
+            _freeze_before_exit()
+    return _output_written(code, args_list) if argv is None else code
+
+
+def _output_written(code: int, args_list: Sequence[str]) -> int:
+    """A command whose output is its result (status, history, check...) and could not write it
+    did not succeed. run, exec and worker print nothing of their own: what a task printed and
+    lost changes nothing of its run. A reader gone (``| head``) took what it wanted: no news."""
+    error = streams.output_error()
+    if (
+        error is None
+        or args_list[:1] in (["run"], ["exec"], ["worker"])
+        or error.errno == errno.EPIPE
+    ):
+        return code
+    log.error(
+        f"could not write the output to stdout: {error.strerror or error}",
+        extra={"event": "output_failed"},
+    )
+    return code or EXIT_TASK_FAILED
+
+
+def _main(args_list: list[str]) -> int:
     parser = build_parser(args_list[0] if args_list else None)
     try:
         args = parser.parse_args(args_list)
@@ -541,6 +604,3 @@ def main(argv: Sequence[str] | None = None) -> int:
             raise
         log.error(f"Redis: {exc}", extra={"event": "error", "exit_code": code})
         return code
-    finally:
-        if argv is None and args_list[:1] == ["exec"]:
-            _freeze_before_exit()

@@ -651,7 +651,8 @@ def load_settings(
     """Flags are keyed like the variables without ``CRON_RUNNER_`` (e.g. ``{"LEASE_TTL": "5s"}``)."""
     src = Source(env, flags or {})
     modules_raw, _ = src.get("TASK_MODULES")
-    log_format_default = "text" if sys.stderr.isatty() else "json"
+    # None when fd 2 was closed at start (outside the CLI, which reopens it: runner/streams.py).
+    log_format_default = "text" if sys.stderr is not None and sys.stderr.isatty() else "json"
     settings = Settings(
         redis=_redis(src),
         lease=_lease(src),

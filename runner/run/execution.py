@@ -204,7 +204,7 @@ class Execution:
             extra={"event": "start"},
         )
         if self.shutdown.requested:
-            return self._finish_log(RunResult.of(TERMINATED, "terminated before start"))
+            return self._finish_log(RunResult.of(TERMINATED, self._stopped_before_start()))
         stale = self.policy.before_connect(self.slot, self.started_wall) if not self.asked else None
         if stale is not None:
             return self._skip(stale)
@@ -218,6 +218,9 @@ class Execution:
             return self._skip(decided)
         self._catching_up = catchup.chosen(self.settings.slots.catchup, decided.unrun)
         return self._finish_log(self._hold(decided.fence))
+
+    def _stopped_before_start(self) -> str:
+        return f"stopped by {self.shutdown.name} before the task started"
 
     def _stopping(self) -> bool:
         return self.shutdown.requested
@@ -283,10 +286,8 @@ class Execution:
         if self.shutdown.requested:
             # SIGTERM arrived while acquiring: give the lease back unused, the slot still open.
             with self.observer.phase("release"):
-                self._release(
-                    TERMINATED, exit_code(TERMINATED), "terminated before the task started"
-                )
-            return RunResult.of(TERMINATED, "terminated before start")
+                self._release(TERMINATED, exit_code(TERMINATED), self._stopped_before_start())
+            return RunResult.of(TERMINATED, self._stopped_before_start())
         ttl_s = self.settings.lease.ttl_s
         self.keeper = keeper = Keeper(
             self.lease,
@@ -388,10 +389,8 @@ class Execution:
         if self.shutdown.requested:
             keeper.stop()
             with self.observer.phase("release"):
-                self._release(
-                    TERMINATED, exit_code(TERMINATED), "terminated before the task started"
-                )
-            return RunResult.of(TERMINATED, "terminated before start")
+                self._release(TERMINATED, exit_code(TERMINATED), self._stopped_before_start())
+            return RunResult.of(TERMINATED, self._stopped_before_start())
         if keeper.is_lost():
             keeper.stop()
             with self.observer.phase("release"):
@@ -517,9 +516,13 @@ class Execution:
                 self._release_quietly(LEASE_LOST, exit_code(LEASE_LOST), keeper.lost_reason)
             return RunResult.of(LEASE_LOST, keeper.lost_reason)
         if stop_reason == TERMINATED:
+            stopped = f"stopped by {self.shutdown.name}"
             with self.observer.phase("release"):
-                self._release(TERMINATED, exit_code(TERMINATED), error)
-            return RunResult.of(TERMINATED, f"stopped by {self.shutdown.name}")
+                # The record names the signal that came; the task's own end follows.
+                self._release(
+                    TERMINATED, exit_code(TERMINATED), f"{stopped} ({error})" if error else stopped
+                )
+            return RunResult.of(TERMINATED, stopped)
         if stop_reason == REPLACED and keeper.preempted is not None:
             return self._complete(REPLACED, str(keeper.preempted))
         if code != 0:
