@@ -69,6 +69,23 @@ class DefinitionConflict(ConfigError):
         )
 
 
+class CorruptRecord(ConfigError):
+    """A key the lease reads holds what no runner writes (a forged or damaged value): no retry
+    mends it, so nothing runs until an operator does."""
+
+    def __init__(self, key: str, field: str, detail: str) -> None:
+        what = f"field {field!r} of {key}" if field else key
+        fix = (
+            "delete it: the next run starts the fence again from the server's clock"
+            if not field
+            else "set it to the runners' protocol version, or delete the field"
+        )
+        super().__init__(
+            f"corrupted record: {what} holds what no runner writes ({detail[:100]}); the task "
+            f"does not run until it is mended: {fix}"
+        )
+
+
 class FinishIncomplete(ConfigError):
     """The finish script could not make every write: an ACL refusal, a key of the wrong type."""
 

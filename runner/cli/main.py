@@ -20,6 +20,7 @@ from runner.errors import (
     EXIT_TASK_FAILED,
     ConfigError,
     CronRunnerError,
+    StoreUnavailable,
     Terminated,
     UsageError,
 )
@@ -531,6 +532,17 @@ def _freeze_before_exit() -> None:
     gc.freeze()
 
 
+def _redis_error_exit_code(exc: BaseException) -> int | None:
+    """The exit code of an error redis-py raised, else None. redis is imported by then if it
+    raised: looked up, not imported, so that commands without Redis do not load it."""
+    exceptions = sys.modules.get("redis.exceptions")
+    if exceptions is None or not isinstance(exc, exceptions.RedisError):
+        return None
+    if isinstance(exc, exceptions.InvalidResponse):
+        return ConfigError.exit_code
+    return StoreUnavailable.exit_code
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     if argv is None:
         # The process's entry: before anything opens a file or a socket, which would take a
@@ -600,3 +612,11 @@ def _main(args_list: list[str]) -> int:
         return exc.exit_code
     except KeyboardInterrupt:
         return Terminated.exit_code
+    except Exception as exc:
+        # A Redis error no caller expected (a reply that broke the protocol mid-command): a
+        # clear line and 69 (78 for bytes that are not Redis at all), never a traceback.
+        code = _redis_error_exit_code(exc)
+        if code is None:
+            raise
+        log.error(f"Redis: {exc}", extra={"event": "error", "exit_code": code})
+        return code

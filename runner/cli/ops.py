@@ -320,6 +320,7 @@ def cmd_status(args: argparse.Namespace, settings: Settings) -> int:
         reader = Reader(client, lease.prefix, lease.scope)
         names = [args.task] if args.task else reader.tasks()
         statuses = reader.statuses(names, now_s=now_s, tolerance_s=args.tolerance)
+        _require_readable(reader.unreadable, args.task)
         if not args.task:
             statuses = [s for s in statuses if s.known]
         queues = queue.status_for(client, settings, args.task)
@@ -337,7 +338,8 @@ def cmd_status(args: argparse.Namespace, settings: Settings) -> int:
         tasks = [report.status_json(s) for s in statuses]
         _write(report.dumps({"scope": lease.scope, "now": report.iso(now_s), "tasks": tasks,
                              "queues": [dataclasses.asdict(q) for q in queues],
-                             "watchdog": report.heartbeat_json(heartbeat)}))  # fmt: skip
+                             "watchdog": report.heartbeat_json(heartbeat),
+                             "unreadable": reader.unreadable}))  # fmt: skip
         return 0
     if statuses:
         _write(report.status_table(statuses))
@@ -346,13 +348,20 @@ def cmd_status(args: argparse.Namespace, settings: Settings) -> int:
                 _write(f"OVER MAX RUNTIME  {report.over_runtime_text(s)}\n")
             if s.paused is not None:
                 _write(f"PAUSED  {report.paused_text(s)}\n")
-    else:
+    elif not reader.unreadable:
         _write(f"no tasks in scope {lease.scope!r} (key prefix {lease.prefix!r}) have run yet\n")
+    _write("".join(f"UNREADABLE  {t}: {why}\n" for t, why in sorted(reader.unreadable.items())))
     if queues:
         _write("\n" + queue.format_status(queues))
     if not args.task:
         _write("\n" + report.heartbeat_text(heartbeat, now_s))
     return 0
+
+
+def _require_readable(unreadable: dict[str, str], task: str | None) -> None:
+    """A task asked for by name whose records cannot be read: nothing else to show."""
+    if task in unreadable:
+        raise StoreUnavailable(f"{task}: its records in Redis cannot be read: {unreadable[task]}")
 
 
 def cmd_history(args: argparse.Namespace, settings: Settings) -> int:
@@ -537,7 +546,10 @@ def cmd_watchdog(args: argparse.Namespace, settings: Settings) -> int:
                                                  tolerance_s=args.tolerance)))  # fmt: skip
     else:
         _write(report.watchdog_text(statuses, scope=lease.scope))
-    return 1 if overdue or too_long else 0
+    for task, reason in sorted(reader.unreadable.items()):
+        log.error(f"unreadable, not judged: {task}: {reason}",
+                  extra={"event": "unreadable", "task": task})  # fmt: skip
+    return 1 if overdue or too_long or reader.unreadable else 0
 
 
 def cmd_ack(args: argparse.Namespace, settings: Settings) -> int:

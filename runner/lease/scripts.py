@@ -20,6 +20,7 @@ from redis.exceptions import NoScriptError, RedisError
 from runner import clock
 from runner.config.settings import ALLOW_OTHER_SLOTS, BUFFER_ONE, OVERLAPS, REPLACE, SKIP
 from runner.errors import (
+    CorruptRecord,
     DefinitionConflict,
     FinishIncomplete,
     LeaseNotOwned,
@@ -27,6 +28,7 @@ from runner.errors import (
     ProtocolRefused,
 )
 from runner.keys import TaskKeys
+from runner.lease import replies
 
 log = logging.getLogger("runner")
 
@@ -77,6 +79,14 @@ ACQUIRE = """
 local meta = redis.call('HMGET', KEYS[3], 'protocol', 'protocol_min', 'definition', 'since',
   'paused', 'paused_until', 'protocol_min_before_pause')
 local stored, stored_min = meta[1], meta[2]
+-- A version that is not a number was not written by a runner: a corrupted record, which no
+-- retry mends (looked at only when it differs from ours, as below).
+if stored and stored ~= ARGV[3] and not tonumber(stored) then
+  return {'corrupt', KEYS[3], 'protocol', stored}
+end
+if stored_min and stored_min ~= ARGV[4] and stored_min ~= ARGV[3] and not tonumber(stored_min) then
+  return {'corrupt', KEYS[3], 'protocol_min', stored_min}
+end
 -- Strings first: a stored version equal to ours needs no tonumber (a strtod each).
 if stored_min and stored_min ~= ARGV[4] and stored_min ~= ARGV[3]
     and tonumber(ARGV[3]) < tonumber(stored_min) then
@@ -273,7 +283,17 @@ end
 -- Never below the server's clock in milliseconds: a counter lost with Redis's data (a restart
 -- without persistence, a failover to a lagging replica) starts again above every fence handed
 -- out before, as long as that clock has moved on since.
-local fence = redis.call('INCR', KEYS[2])
+local fence = redis.pcall('INCR', KEYS[2])
+if type(fence) == 'table' then
+  if not (string.find(fence.err, 'WRONGTYPE') or string.find(fence.err, 'not an integer')) then
+    return redis.error_reply(fence.err)  -- an ACL refusal, as before
+  end
+  -- Not an integer, or not a string: a corrupted fence, which no retry mends. The lease just
+  -- taken is given back: nothing runs on it.
+  redis.call('DEL', KEYS[1])
+  if policy == 'slots' and redis.call('GET', aux) == ARGV[1] then redis.call('DEL', aux) end
+  return {'corrupt', KEYS[2], '', fence.err}
+end
 if fence < now() then
   fence = now_ms
   redis.call('SET', KEYS[2], string.format('%d', now_ms))
@@ -573,6 +593,12 @@ class Paused(NamedTuple):
 
 AcquireResult = Acquired | Held | SlotDone | Paused
 
+# What an acquire's table may name first (ACQUIRE's replies), and how long each is at least.
+_ACQUIRE_KINDS = ("acquired", "held", "protocol", "definition", "paused", "done", "corrupt")
+_ACQUIRE_LENGTHS = {"acquired": 2, "held": 4, "protocol": 3, "definition": 2, "paused": 5,
+                    "done": 3, "corrupt": 4}  # fmt: skip
+_RENEW_LENGTHS = {"not_owner": 2, "preempted": 3}
+
 
 class Finished(NamedTuple):
     """What a finish script left: the state hash unwritten because a newer fence wrote it, and
@@ -634,9 +660,9 @@ def unlock(
     args: list[Any] = [holder or "", runs_maxlen]
     for name, value in record.items():
         args += [name, str(value)]
-    reply = UNLOCK_SCRIPT(client, [keys.lease, keys.runs], args)
-    token = _as_str(reply[1])
-    return _as_str(reply[0]), token or None
+    reply = replies.table(UNLOCK_SCRIPT(client, [keys.lease, keys.runs], args), "unlock", min_len=2)
+    replies.kind(reply, ("unlocked", "free", "not_holder"), "unlock", {})
+    return reply[0], reply[1] or None
 
 
 def _as_str(value: Any) -> str:
@@ -645,9 +671,10 @@ def _as_str(value: Any) -> str:
 
 def status_of(reply: Any) -> list[str]:
     """A finish script's reply as strings: its one space-separated string, or its table."""
-    if isinstance(reply, str | bytes):
-        return _as_str(reply).split(" ")
-    return [_as_str(x) for x in reply]
+    status = replies.words(reply, "finish", ("ok", "partial", "not_owner"))
+    if status[0] != "ok" and len(status) < (3 if status[0] == "partial" else 2):
+        raise replies.UnexpectedReply("finish", reply)
+    return status
 
 
 def _add_pairs(out: list[Any], fields: Fields) -> None:
@@ -866,29 +893,33 @@ class Lease:
             _add_pairs(call, skip_record)
         reply = _ACQUIRE.run(self.client, numkeys, call)
         if type(reply) is int:
-            self.fence = reply
+            self.fence = replies.fence(reply, "acquire")
             self.slot = slot
-            return Acquired(reply)
-        kind = _as_str(reply[0])
+            return Acquired(self.fence)
+        parts = replies.table(reply, "acquire")
+        kind = replies.kind(parts, _ACQUIRE_KINDS, "acquire", _ACQUIRE_LENGTHS)
         if kind == "acquired":
-            self.fence = int(reply[1])
+            fence = replies.fence(parts[1], "acquire")
+            unrun = tuple(replies.integer(s, "acquire") for s in parts[2:])
+            self.fence = fence
             self.slot = slot
-            return Acquired(self.fence, tuple(int(_as_str(s)) for s in reply[2:]))
+            return Acquired(fence, unrun)
         if kind == "held":
-            return Held(token=_as_str(reply[1]), ttl_ms=int(reply[2]), note=_as_str(reply[3]))
+            return Held(token=parts[1], ttl_ms=replies.integer(parts[2], "acquire"), note=parts[3])
         if kind == "protocol":
-            raise ProtocolRefused(PROTOCOL, _as_str(reply[1]), _as_str(reply[2]), self.keys.meta)
+            raise ProtocolRefused(PROTOCOL, parts[1], parts[2], self.keys.meta)
         if kind == "definition":
-            raise DefinitionConflict(self.definition, _as_str(reply[1]), self.keys.meta)
+            raise DefinitionConflict(self.definition, parts[1], self.keys.meta)
+        if kind == "corrupt":
+            raise CorruptRecord(parts[1], parts[2], parts[3])
         if kind == "paused":
             return Paused(
-                note=_as_str(reply[1]),
-                by=_as_str(reply[2]),
-                at=_seconds_or_none(reply[3]),
-                until=_seconds_or_none(reply[4]),
+                note=parts[1],
+                by=parts[2],
+                at=_seconds_or_none(parts[3]),
+                until=_seconds_or_none(parts[4]),
             )
-        finished = _as_str(reply[2])
-        return SlotDone(holder=_as_str(reply[1]), finished_at=float(finished) if finished else None)
+        return SlotDone(holder=parts[1], finished_at=_seconds_or_none(parts[2]))
 
     def renew(self) -> None:
         """Extend the lease. Under replace, raises Preempted (the lease extended all the same)
@@ -900,10 +931,10 @@ class Lease:
             keys.append(aux)
         args = [self.token, self.ttl_ms, policy if aux else "",
                 "" if self.slot is None else self.slot]  # fmt: skip
-        reply = _RENEW(self.client, keys, args)
-        if _as_str(reply[0]) == "preempted":
-            asker = _as_str(reply[1])
-            raise Preempted(holder_of(asker), slot_of(asker))
+        reply = replies.table(_RENEW(self.client, keys, args), "renew")
+        kind = replies.kind(reply, ("ok", "not_owner", "preempted"), "renew", _RENEW_LENGTHS)
+        if kind == "preempted":
+            raise Preempted(holder_of(reply[1]), slot_of(reply[1]))
         self._check_owner("renew", reply)
 
     def complete(
@@ -1008,7 +1039,7 @@ class Lease:
         index_task(self.client, self.keys)
 
     @staticmethod
-    def _check_owner(operation: str, reply: Any) -> None:
-        if _as_str(reply[0]) not in ("ok", "partial"):
-            current = _as_str(reply[1])
+    def _check_owner(operation: str, reply: list[str]) -> None:
+        if reply[0] not in ("ok", "partial"):
+            current = reply[1]
             raise LeaseNotOwned(operation, holder_of(current) if current else None)

@@ -27,6 +27,7 @@ from redis.exceptions import (
     AuthenticationError,
     BusyLoadingError,
     ClusterError,
+    InvalidResponse,
     NoPermissionError,
     ReadOnlyError,
     RedisClusterException,
@@ -42,6 +43,7 @@ from runner import clock
 from runner.config.settings import RedisSettings
 from runner.config.timings import SOCKET_TIMEOUT_MAX_S, LeaseTimings
 from runner.errors import ConfigError, StoreUnavailable, Terminated
+from runner.lease.replies import NotRedis, pong
 
 T = TypeVar("T")
 E = TypeVar("E", bound=BaseException)
@@ -244,7 +246,8 @@ def connected(
     client = connect(settings, ttl_s, decode_responses=decode_responses)
     try:
         if ping:
-            within_connect_deadline(settings, client.ping, what=what)
+            # The handshake: a server that does not answer PONG is not Redis (exit 78).
+            pong(within_connect_deadline(settings, client.ping, what=what), settings.display_target)
         yield client
     finally:
         with contextlib.suppress(RedisError):
@@ -492,6 +495,14 @@ def _config_refusal(text: str) -> str | None:
     return None
 
 
+def _as_redis(call: Callable[[], T], *, what: str, where: str) -> T:
+    try:
+        return call()
+    except InvalidResponse as exc:
+        # Bytes that are not RESP (a web server, TLS, garbage): no retry makes it Redis.
+        raise NotRedis(where, f"{what}: its reply is not the Redis protocol: {exc}") from exc
+
+
 def with_deadline(
     call: Callable[[], T],
     *,
@@ -509,7 +520,7 @@ def with_deadline(
     attempt = 0
     while True:
         try:
-            return call()
+            return _as_redis(call, what=what, where=where)
         except AuthenticationError as exc:
             raise ConfigError(
                 f"Redis at {where} refused the credentials: {exc}: check "

@@ -20,6 +20,7 @@ from runner.config.settings import Settings
 from runner.errors import ConfigError, FinishIncomplete, StoreUnavailable
 from runner.keys import SCRATCH_TASK_PREFIX, ScratchKeys, TaskKeys
 from runner.lease import store
+from runner.lease.replies import pong
 from runner.lease.scripts import Acquired, Lease, new_token
 
 OK, WARN, FAIL = "ok", "warn", "FAIL"
@@ -73,7 +74,10 @@ class Check:
         credentials or the settings (as a run would), 1 for any other refusal."""
         where = self.settings.redis.display_target
         try:
-            store.within_connect_deadline(self.settings.redis, client.ping, what="check")
+            pong(
+                store.within_connect_deadline(self.settings.redis, client.ping, what="check"),
+                where,
+            )
         except StoreUnavailable as exc:
             self.say(FAIL, str(exc))
             return StoreUnavailable.exit_code
@@ -86,7 +90,7 @@ class Check:
         samples_ms = []
         for _ in range(PING_SAMPLES):
             started = time.perf_counter()
-            client.ping()
+            pong(client.ping(), where)
             samples_ms.append((time.perf_counter() - started) * 1000)
         self.say(
             OK,

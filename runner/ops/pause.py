@@ -22,7 +22,7 @@ from typing import Any
 
 from runner.errors import ConfigError
 from runner.keys import TaskKeys
-from runner.lease import journal
+from runner.lease import journal, replies
 from runner.lease.scripts import PROTOCOL, PROTOCOL_MIN_OVERLAP, Script
 
 #: The run stream's records of an operator's pause and resume (not runs; `paused` is the
@@ -155,11 +155,7 @@ class Resumed:
 
 
 def _float(value: Any) -> float | None:
-    text = value.decode() if isinstance(value, bytes) else value
-    try:
-        return float(text) if text not in (None, "") else None
-    except (TypeError, ValueError):
-        return None
+    return replies.stored_time(value.decode() if isinstance(value, bytes) else value)
 
 
 def _iso(t_s: float) -> str:
@@ -222,14 +218,18 @@ def pause(
                        runs_maxlen]  # fmt: skip
     for name, value in record.items():
         args += [name, str(value)]
-    reply = PAUSE_SCRIPT(client, [keys.meta, keys.runs, keys.state], args)
-    kind = _text(reply[0])
+    reply = replies.table(PAUSE_SCRIPT(client, [keys.meta, keys.runs, keys.state], args), "pause")
+    kind = replies.kind(reply, ("past", "paused", "updated"), "pause",
+                        {"past": 2, "paused": 3, "updated": 3})  # fmt: skip
+    # Since when: the pause's own start, as stored (a damaged one reads as now).
+    when = _float(reply[1])
     if kind == "past":
         raise ConfigError(
-            f"--until {_iso(until_s or 0)} is not after Redis's clock ({_iso(float(_text(reply[1])))}"
-            "): the pause would be over as it starts; expected a time to come"
+            f"--until {_iso(until_s or 0)} is not after Redis's clock ({_iso(when or at_s)}): "
+            "the pause would be over as it starts; expected a time to come"
         )
-    return Paused(updated=kind == "updated", since=float(_text(reply[1])), protocol=_text(reply[2]))
+    return Paused(updated=kind == "updated", since=at_s if when is None else when,
+                  protocol=reply[2])  # fmt: skip
 
 
 def resume(
@@ -240,7 +240,9 @@ def resume(
     args: list[Any] = [journal.timestamp(at_s), runs_maxlen]
     for name, value in record.items():
         args += [name, str(value)]
-    reply = [_text(x) for x in RESUME_SCRIPT(client, [keys.meta, keys.runs, keys.state], args)]
+    reply = replies.table(RESUME_SCRIPT(client, [keys.meta, keys.runs, keys.state], args), "resume")
+    replies.kind(reply, ("not_paused", "ended", "resumed"), "resume",
+                 {"not_paused": 2, "ended": 6, "resumed": 6})  # fmt: skip
     if reply[0] == "not_paused":
         return Resumed(pause=None, ended=False, protocol_min=reply[1])
     by_, at, note, until = reply[2:6]

@@ -17,11 +17,11 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from redis.exceptions import NoPermissionError
+from redis.exceptions import NoPermissionError, ResponseError
 
 from runner.errors import ConfigError
 from runner.keys import NAME_RE, TaskKeys, scope_index
-from runner.lease import journal
+from runner.lease import journal, replies
 from runner.lease.scripts import holder_of, started_at_of
 from runner.ops.pause import PAUSE, PAUSE_FIELDS, RESUME, Pause, pause_of, pause_window
 from runner.outcomes import FAILED, PAUSED, RAN
@@ -136,17 +136,16 @@ class RunRecord:
 
 
 def _int(value: Any) -> int | None:
-    try:
-        return int(value) if value not in (None, "") else None
-    except (TypeError, ValueError):
-        return None
+    return replies.stored_int(value)
+
+
+def _slot(value: Any) -> int | None:
+    return replies.stored_int(value, time=True)
 
 
 def _float(value: Any) -> float | None:
-    try:
-        return float(value) if value not in (None, "") else None
-    except (TypeError, ValueError):
-        return None
+    """Every float a record holds is a time (epoch seconds)."""
+    return replies.stored_time(value)
 
 
 def _result(state: dict[str, str], summary: str) -> Result | None:
@@ -157,7 +156,7 @@ def _result(state: dict[str, str], summary: str) -> Result | None:
     success = summary == journal.LAST_SUCCESS
     return Result(
         at=at,
-        slot=_int(state.get(journal.slot_field(summary))),
+        slot=_slot(state.get(journal.slot_field(summary))),
         duration_ms=_int(state.get(journal.duration_field(summary))),
         outcome=RAN if success else state.get(journal.LAST_FAILURE_OUTCOME, FAILED),
         exit_code=0 if success else _int(state.get(journal.LAST_FAILURE_EXIT_CODE)),
@@ -251,8 +250,21 @@ def _merge(ledger: tuple[int, ...], tail: Missed) -> Missed:
     )
 
 
-def _slots_of(reply: Any) -> list[int]:
-    return [] if isinstance(reply, Exception) else [int(float(m)) for m in reply]
+def _ledger_of(task: str, reply: Any) -> list[int]:
+    """A task's missed-slot ledger (ZRANGE), each member a slot; a member no runner wrote (a
+    forged or damaged one) is reported and left out, and the rest of the ledger stands."""
+    slots_: list[int] = []
+    for member in replies.members(reply, f"{task}: the missed-slot ledger"):
+        slot = replies.slot_member(member)
+        if slot is None:
+            log.warning(
+                f"{task}: the missed-slot ledger holds {member[:40]!r}, which is not a slot: "
+                "left out (`cron-runner ack` with --all removes the ledger's members)",
+                extra={"event": "unreadable", "task": task},
+            )
+        else:
+            slots_.append(slot)
+    return slots_
 
 
 #: What the ledger reads of a slot marker: a holder (the slot ran, or was enqueued) and
@@ -261,10 +273,15 @@ MARKER_FIELDS = ("holder", "skipped")
 
 
 def _marked(reply: Any) -> tuple[bool, bool]:
-    """(ran, skipped because the task was paused) from a marker's MARKER_FIELDS."""
-    if isinstance(reply, Exception) or not reply:
+    """(ran, skipped because the task was paused) from a marker's MARKER_FIELDS. A marker that
+    cannot be read counts as not run, so the ledger keeps reporting its slot until
+    acknowledged."""
+    if isinstance(reply, Exception):
         return False, False
-    holder, skipped = reply
+    try:
+        holder, skipped = replies.fields(reply, len(MARKER_FIELDS), "slot marker")
+    except replies.UnexpectedReply:
+        return False, False
     return holder is not None, skipped == PAUSED
 
 
@@ -288,7 +305,7 @@ def record_of(entry_id: str, fields: dict[str, str]) -> RunRecord:
     return RunRecord(
         id=entry_id,
         started_at=_float(fields.get(journal.STARTED_AT)),
-        slot=_int(fields.get(journal.SLOT)),
+        slot=_slot(fields.get(journal.SLOT)),
         holder=fields.get(journal.HOLDER) or None,
         fence=_int(fields.get(journal.FENCE)),
         outcome=fields.get(journal.OUTCOME) or None,
@@ -325,6 +342,8 @@ class Reader:
         self.client = client
         self.prefix = prefix
         self.scope = scope
+        # Tasks whose records could not be read, and why: reported and left out, alone.
+        self.unreadable: dict[str, str] = {}
 
     def keys(self, task: str) -> TaskKeys:
         return TaskKeys(self.prefix, self.scope, task)
@@ -348,7 +367,21 @@ class Reader:
         return sorted(t for t in found if NAME_RE.match(t))
 
     def _indexed(self) -> set[str]:
-        return {str(t) for t in self.client.smembers(scope_index(self.prefix, self.scope))}
+        key = scope_index(self.prefix, self.scope)
+        try:
+            return set(
+                replies.members(replies.answered(lambda: self.client.smembers(key), key), key)
+            )
+        except ResponseError as exc:
+            if isinstance(exc, NoPermissionError):
+                raise
+            # A damaged index (a key of another type): SCAN, where allowed, still finds them.
+            log.warning(
+                f"the scope's task index {key} cannot be read ({exc}): the tasks are found by "
+                "SCAN alone, where the ACL allows it; mend the key (a set of the task names)",
+                extra={"event": "unreadable"},
+            )
+            return set()
 
     def _scanned(self) -> set[str]:
         # Prefix and scope are validated (keys.py): no glob character can appear in them.
@@ -360,7 +393,11 @@ class Reader:
         )
         found: set[str] = set()
         for suffix in ("state", "lease"):
-            for key in self.client.scan_iter(match=f"{base}*}}:{suffix}", count=1000):
+            scanned = replies.answered(
+                lambda: list(self.client.scan_iter(match=f"{base}*}}:{suffix}", count=1000)),  # noqa: B023 - called at once
+                "SCAN",
+            )
+            for key in replies.members(scanned, "SCAN"):
                 match = pattern.match(key)
                 if match:
                     found.add(match["task"])
@@ -383,22 +420,72 @@ class Reader:
             pipe.xrange(keys.runs, count=1)
             pipe.zrange(keys.missed, 0, -1)
             pipe.hmget(keys.meta, *PAUSE_FIELDS)
-        replies = pipe.execute(raise_on_error=False) if tasks else []
-        for i, reply in enumerate(replies):
+        answers = (
+            replies.answered(lambda: pipe.execute(raise_on_error=False), "status") if tasks else []
+        )
+        if len(answers) != per_task * len(tasks):
+            raise replies.UnexpectedReply(
+                "status", f"{len(answers)} replies to {per_task * len(tasks)} commands"
+            )
+        for i, reply in enumerate(answers):
             # An ACL from before the ledger lacks +zrange: misses are then judged as before. The
-            # pause fields need +hmget, which every run has: without it, none is shown.
-            if isinstance(reply, Exception) and not (
-                i % per_task in (5, 6) and isinstance(reply, NoPermissionError)
-            ):
+            # pause fields need +hmget, which every run has: without it, none is shown. Any
+            # other refusal is the ACL's, for every task: no task can be read.
+            if isinstance(reply, NoPermissionError) and i % per_task not in (5, 6):
                 raise reply
-        ledgers = [_slots_of(replies[i * per_task + 5]) for i in range(len(tasks))]
+        read: dict[str, list[Any]] = {}
+        ledgers: list[list[int]] = []
+        for i, task in enumerate(tasks):
+            try:
+                read[task] = self._decoded(task, answers[i * per_task : (i + 1) * per_task])
+                self.unreadable.pop(task, None)
+            except (replies.UnexpectedReply, ResponseError) as exc:
+                self.report_unreadable(task, exc)
+            ledgers.append(read[task][5] if task in read else [])
         ran = self._ran(tasks, ledgers)
         out = []
         for i, task in enumerate(tasks):
-            read = replies[i * per_task : (i + 1) * per_task]
+            if task not in read:
+                continue
             unresolved = tuple(slot for slot in ledgers[i] if slot not in ran[i])
-            out.append(self._build(task, read, unresolved, now_s=now_s, tolerance_s=tolerance_s))
+            try:
+                built = self._build(
+                    task, read[task], unresolved, now_s=now_s, tolerance_s=tolerance_s
+                )
+            except (ValueError, OverflowError) as exc:  # a value read that no schedule can place
+                self.report_unreadable(task, exc)
+                continue
+            out.append(built)
         return out
+
+    def report_unreadable(self, task: str, exc: Exception) -> None:
+        reason = str(exc)
+        if self.unreadable.get(task) != reason:
+            log.warning(
+                f"{task}: its records in Redis cannot be read ({reason}): left out; the other "
+                "tasks are read as usual",
+                extra={"event": "unreadable", "task": task},
+            )
+        self.unreadable[task] = reason
+
+    @staticmethod
+    def _decoded(task: str, read: list[Any]) -> list[Any]:
+        """One task's pipelined replies (lease, its PTTL, fence, state hash, oldest run
+        record, ledger, pause fields), each checked; raises what the first bad one gives."""
+        token, pttl_ms, fence, state, oldest, ledger, pause_fields = read
+        for reply in (token, pttl_ms, fence, state, oldest):
+            if isinstance(reply, Exception):
+                raise reply
+        return [
+            replies.optional_text(token, f"{task}: the lease"),
+            replies.integer(pttl_ms, f"{task}: the lease's PTTL"),
+            replies.optional_text(fence, f"{task}: the fence"),
+            replies.string_hash(state, f"{task}: the state hash"),
+            replies.entries(oldest, f"{task}: the run stream"),
+            [] if isinstance(ledger, Exception) else _ledger_of(task, ledger),
+            None if isinstance(pause_fields, Exception)
+            else replies.fields(pause_fields, len(PAUSE_FIELDS), f"{task}: the meta hash"),
+        ]  # fmt: skip
 
     def _ran(self, tasks: list[str], ledgers: list[list[int]]) -> list[set[int]]:
         """For each task, the ledger's slots that have run since (their marker names a holder:
@@ -409,9 +496,7 @@ class Reader:
         for task, ledger in zip(tasks, ledgers, strict=True):
             for slot in ledger:
                 pipe.hmget(self.keys(task).slot(slot), *MARKER_FIELDS)
-        found = iter(pipe.execute(raise_on_error=False))
-        # A marker that cannot be read counts as not run, so the ledger keeps reporting its
-        # slot until acknowledged.
+        found = iter(replies.answered(lambda: pipe.execute(raise_on_error=False), "slot markers"))
         return [{slot for slot in ledger if _marked(next(found))[0]} for ledger in ledgers]
 
     @staticmethod
@@ -421,9 +506,8 @@ class Reader:
         """One task's status from its pipelined replies: lease, its PTTL, fence, state hash,
         oldest run record, ledger, the meta hash's pause fields."""
         token, pttl_ms, fence, state, oldest, _, pause_fields = read
-        state = dict(state or {})
         held = token is not None
-        paused = None if isinstance(pause_fields, Exception) else pause_of(pause_fields, now_s)
+        paused = None if pause_fields is None else pause_of(pause_fields, now_s)
         schedule_expr = state.get(journal.SCHEDULE) or None
         timezone = state.get(journal.TIMEZONE) or ("UTC" if schedule_expr else None)
         last_success = _result(state, journal.LAST_SUCCESS)
@@ -435,7 +519,7 @@ class Reader:
                 schedule = slots.Schedule.parse(schedule_expr, timezone or "UTC", 0.0)
                 # A run may claim a slot up to the tolerance early, so the slot it recorded can
                 # still lie ahead of now: the next slot is the one after both.
-                last_slot = _int(state.get(journal.LAST_SLOT)) or 0
+                last_slot = _slot(state.get(journal.LAST_SLOT)) or 0
                 if last_slot > schedule.next_after(now_s):
                     last_slot = 0  # implausible: no run can have claimed a slot that far ahead
                 next_slot = schedule.next_after(max(now_s, last_slot))
@@ -463,11 +547,11 @@ class Reader:
         return TaskStatus(
             task=task,
             holder=holder_of(token) if token is not None else None,
-            ttl_ms=int(pttl_ms) if held and int(pttl_ms) >= 0 else None,
+            ttl_ms=pttl_ms if held and pttl_ms >= 0 else None,
             fence=_int(fence) or 0,
             schedule=schedule_expr,
             timezone=timezone,
-            last_slot=_int(state.get(journal.LAST_SLOT)),
+            last_slot=_slot(state.get(journal.LAST_SLOT)),
             last_run_at=_float(state.get(journal.LAST_RUN_AT)),
             last_outcome=state.get(journal.LAST_OUTCOME) or None,
             last_holder=state.get(journal.LAST_HOLDER) or None,
@@ -497,6 +581,11 @@ class Reader:
                 extra={"event": "ledger_refused", "task": task},
             )
             return []
+        except (replies.UnexpectedReply, ResponseError) as exc:
+            # A damaged record of this task (a key of the wrong type, a value no runner wrote):
+            # this task is not judged, every other one is.
+            self.report_unreadable(task, exc)
+            return []
 
     def judge_ledger(self, task: str, *, now_s: float, tolerance_s: float) -> list[int]:
         """Judge the fire times since the last scan by their slot markers, and record those
@@ -516,8 +605,11 @@ class Reader:
         pipe.xrange(keys.runs, count=1)
         pipe.zrange(keys.missed, 0, -1)
         pipe.hmget(keys.meta, *PAUSE_FIELDS)
-        token, state, oldest, ledger, pause_fields = pipe.execute()
-        state = dict(state or {})
+        token, state, oldest, ledger, pause_fields = replies.answered(pipe.execute, "watchdog")
+        token = replies.optional_text(token, f"{task}: the lease")
+        state = replies.string_hash(state, f"{task}: the state hash")
+        oldest = replies.entries(oldest, f"{task}: the run stream")
+        pause_fields = replies.fields(pause_fields, len(PAUSE_FIELDS), f"{task}: the meta hash")
         window = pause_window(pause_of(pause_fields, now_s), state, now_s)
         if not state.get(journal.SCHEDULE):
             return []
@@ -545,11 +637,15 @@ class Reader:
         judged_until = max(start, due)
         if token is not None and fires:
             judged_until = fires.pop() - 1  # maybe the run holding the lease now
-        resolved = [int(float(m)) for m in ledger]
+        resolved = _ledger_of(task, ledger)
         pipe = self.client.pipeline(transaction=False)
         for slot in (*fires, *resolved):
             pipe.hmget(keys.slot(slot), *MARKER_FIELDS)
-        marks = [_marked(m) for m in pipe.execute()] if fires or resolved else []
+        marks = (
+            [_marked(m) for m in replies.answered(lambda: pipe.execute(raise_on_error=False), task)]
+            if fires or resolved
+            else []
+        )
         new = [slot for slot, (ran_, paused) in zip(fires, marks, strict=False)
                if not ran_ and not paused]  # fmt: skip
         ran = [slot for slot, (ran_, _) in zip(resolved, marks[len(fires) :], strict=True) if ran_]
@@ -569,11 +665,14 @@ class Reader:
         self.client.set(key, value, px=max(1, int(heartbeat.ttl_s * 1000)))
 
     def heartbeat(self) -> Heartbeat | None:
-        raw = self.client.get(heartbeat_key(self.prefix, self.scope))
-        return heartbeat_of(raw)
+        key = heartbeat_key(self.prefix, self.scope)
+        return heartbeat_of(
+            replies.optional_text(replies.answered(lambda: self.client.get(key), key), key)
+        )
 
     def ledger(self, task: str) -> list[int]:
-        return [int(float(m)) for m in self.client.zrange(self.keys(task).missed, 0, -1)]
+        key = self.keys(task).missed
+        return _ledger_of(task, replies.answered(lambda: self.client.zrange(key, 0, -1), key))
 
     def acknowledge(self, task: str, slot: int, record: journal.Fields) -> bool:
         """Drop ``slot`` from the ledger and record who acknowledged it (``record``, from
@@ -618,5 +717,8 @@ class Reader:
         return deleted
 
     def history(self, task: str, count: int) -> list[RunRecord]:
-        entries = self.client.xrevrange(self.keys(task).runs, count=count)
+        key = self.keys(task).runs
+        entries = replies.entries(
+            replies.answered(lambda: self.client.xrevrange(key, count=count), key), key
+        )
         return [record_of(entry_id, fields) for entry_id, fields in entries]

@@ -15,6 +15,7 @@ from redis.exceptions import NoPermissionError
 from runner.config.queue import namespace_for
 from runner.config.settings import Settings
 from runner.errors import ConfigError
+from runner.lease.replies import UnexpectedReply, answered, integer
 from runner.queue.options import registered_queue
 from runner.tasks import Registry
 
@@ -60,10 +61,12 @@ def queue_stats(client: Any, namespace: str, queues: Iterable[str]) -> list[Queu
             pipe.hlen(f"{base}.msgs")
             pipe.hlen(f"{base}.DQ.msgs")
             pipe.zcard(f"{base}.XQ")
-        replies = pipe.execute()
+        counts = answered(pipe.execute, "queue counts")
+    if not isinstance(counts, list) or len(counts) != 4 * len(names):
+        raise UnexpectedReply("queue counts", counts)
     out = []
     for i, q in enumerate(names):
-        ready, total, delayed, dead = (int(v) for v in replies[4 * i : 4 * i + 4])
+        ready, total, delayed, dead = (integer(v, q) for v in counts[4 * i : 4 * i + 4])
         out.append(QueueStats(q, ready, max(0, total - ready), delayed, dead))
     return out
 

@@ -17,6 +17,7 @@ from redis.exceptions import RedisError
 
 from runner.errors import ConfigError
 from runner.keys import validate_name
+from runner.lease.replies import pong
 from runner.serve import pages
 from runner.serve.metrics import Exposition
 from runner.serve.snapshot import Source
@@ -51,7 +52,7 @@ class App:
 
     def _ready(self) -> tuple[int, str, bytes]:
         try:
-            self.source.client.ping()
+            pong(self.source.client.ping(), self.redis_target)
         except RedisError as exc:
             return 503, TEXT, f"not ready: Redis at {self.redis_target}: {exc}\n".encode()
         return 200, TEXT, b"ready\n"

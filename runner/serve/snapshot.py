@@ -16,7 +16,10 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from redis.exceptions import ResponseError
+
 from runner import clock
+from runner.lease import replies
 from runner.ops.state import Heartbeat, Reader, RunRecord, TaskStatus, heartbeat_key, heartbeat_of
 from runner.ops.state import record_of as _record_of
 
@@ -138,7 +141,10 @@ class Source:
             now_s = clock.wall()
             names = self.reader.tasks()
             statuses = self.reader.statuses(names, now_s=now_s, tolerance_s=self.tolerance_s)
+            names = [s.task for s in statuses]
             self._read_runs(names)
+            # A task whose records cannot be read is left out, alone (Reader.unreadable).
+            statuses = [s for s in statuses if s.task not in self.reader.unreadable]
             queues = self._queues()
             heartbeat = heartbeat_of(self.client.get(heartbeat_key(self.prefix, self.scope)))
             for gone in set(self.runs) - set(names):
@@ -163,10 +169,17 @@ class Source:
                 pipe.xrevrange(key, count=FIRST_READ)
             else:
                 pipe.xrange(key, min=f"({seen.last_id}", count=READ_BATCH)
-        replies = pipe.execute() if names else []
-        for name, reply in zip(names, replies, strict=True):
+        answers = replies.answered(lambda: pipe.execute(raise_on_error=False), "run streams")
+        for name, reply in zip(names, answers if names else [], strict=True):
             seen = self.runs[name]
-            entries = list(reversed(reply)) if seen.last_id is None else reply
+            try:
+                if isinstance(reply, ResponseError):
+                    raise reply
+                read = replies.entries(reply, f"{name}: the run stream")
+            except (replies.UnexpectedReply, ResponseError) as exc:
+                self.reader.report_unreadable(name, exc)
+                continue
+            entries = list(reversed(read)) if seen.last_id is None else read
             for entry_id, fields in entries:
                 seen.add(_record_of(entry_id, fields))
                 seen.last_id = entry_id
