@@ -409,3 +409,21 @@ def test_the_runner_takes_the_controllers_slots(
     assert len(jobs) >= 5000
     assert tally.classes["b: the controller starts T, the runner claims and runs T"] > 3000
     assert not verdicts.faults, {cls: found[:5] for cls, found in verdicts.faults.items()}
+
+
+def test_where_the_controller_starts_nothing_that_a_server_runs(controller: Oracle) -> None:
+    """The two cases of docs/design.md, one each: the runner on a server runs the slot within
+    the starting deadline, the controller's own code starts no Job."""
+    at = int(datetime(2026, 3, 2, 14, 31, tzinfo=UTC).timestamp())
+    cases = [
+        # Missed start times of unevenly spaced fire times: the first two after the search
+        # start are a minute apart, so the estimate resumes at 15:12, past 14:31.
+        CronJob("report", "28-31 14,17 * * *", "UTC", False, at - 86_400, None, 3600,
+                (at + 42 * 60 + 12) * 1000),
+        # Now is the slot plus the deadline, to the millisecond.
+        CronJob("report", "31 14 * * *", "UTC", False, at - 86_400, None, 60, (at + 60) * 1000),
+    ]  # fmt: skip
+    for job, answer in zip(cases, controller([job.request() for job in cases]), strict=True):
+        assert (answer["recent_s"], answer["job"]) == (None, None), describe(job, answer)
+        assert server_side(job, "0")[:2] == (at, True)
+        assert estimate_passes(job, at) == (job.deadline_s == 3600)
