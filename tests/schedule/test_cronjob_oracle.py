@@ -22,8 +22,9 @@ b. The server-side slot. Where ``syncCronJob`` starts a Job now for T (T within
    (``CRON_RUNNER_SCHEDULE``, ``_TIMEZONE``, ``_STARTING_DEADLINE``) resolves the slot T
    (``resolve_slot``) and runs it (not too late). The comparable notion is the runner's slot with
    a skew tolerance of 0: one clock, read at the instant the controller read it. With the
-   default tolerance the runner's slot is instead the next fire time when that is within the
-   tolerance of now (a runner whose clock is behind the trigger's); T otherwise.
+   default tolerance (checked on a quarter of the cases) the runner's slot is instead the next
+   fire time when that is within the tolerance of now (a runner whose clock is behind the
+   trigger's); T otherwise.
 
 Where the two differ, the difference must be one of robfig's documented DST faults (as in
 test_robfig_oracle.py: an offset change at local midnight or off the hour within a day of
@@ -312,9 +313,16 @@ def check_name(job: CronJob, answer: dict[str, Any], verdicts: Verdicts) -> None
 
 
 def check_server_side(
-    job: CronJob, answer: dict[str, Any], slot: int | None, runs: bool, verdicts: Verdicts
+    job: CronJob,
+    answer: dict[str, Any],
+    slot: int | None,
+    runs: bool,
+    verdicts: Verdicts,
+    *,
+    default_tolerance: bool,
 ) -> None:
-    """b. Where the controller starts T now, the runner's own slot for now is T, and it runs."""
+    """b. Where the controller starts T now, the runner's own slot for now is T, and it runs;
+    with ``default_tolerance``, also as a runner with the default skew tolerance."""
     recent = answer["recent_s"]
     if slot == recent and (runs or job.deadline_s is None):
         verdicts.add("b: the controller starts T, the runner claims and runs T", job.expr)
@@ -323,6 +331,8 @@ def check_server_side(
     else:
         verdicts.fault("b: the controller starts T, the runner does not claim or run T",
                        describe(job, answer, runner=slot, runs=runs))  # fmt: skip
+    if not default_tolerance:
+        return
     with_tolerance, _, tolerance = server_side(job, None)
     following = Schedule.parse(job.expr, job.tz, 0).next_after(job.now_s)
     wanted = following if following <= job.now_s + tolerance else recent
@@ -377,14 +387,16 @@ def test_the_runner_takes_the_controllers_slots(
     for expr, zone, every in schedules(rng):
         batch = cronjobs(rng, expr, zone, every)
         batch_answers = controller([job.request() for job in batch])
-        for job, answer in zip(batch, batch_answers, strict=True):
+        for i, (job, answer) in enumerate(zip(batch, batch_answers, strict=True)):
             assert not answer["hung"], describe(job, answer)
             check_name(job, answer, verdicts)
             if job.every:
                 continue  # no server-side slot: the runner refuses @every outside a CronJob
             slot, runs, _ = server_side(job, "0")
             if answer["job"] is not None:
-                check_server_side(job, answer, slot, runs, verdicts)
+                # A quarter with the default tolerance: for a one-minute gap the runner lowers
+                # it below half the gap, building the schedule twice each time (slow).
+                check_server_side(job, answer, slot, runs, verdicts, default_tolerance=i % 4 == 0)
             if job.deadline_s is not None and runs and slot is not None:
                 count_converse(job, answer, slot, verdicts)
         jobs += batch
