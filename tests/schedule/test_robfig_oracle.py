@@ -167,8 +167,9 @@ def expression(rng: random.Random, *, valid: bool) -> str:
 # -- offset changes -----------------------------------------------------------------------------
 
 
-def offset_changes(zone_name: str) -> list[int]:
-    """Every change of UTC offset from 2000 to 2040, to the second (probes 6 hours apart)."""
+def offset_changes(zone_name: str, start_s: int = START_S, end_s: int = END_S) -> list[int]:
+    """Every change of UTC offset from 2000 to 2040 (or as given), to the second (probes 6 hours
+    apart)."""
     zone = ZoneInfo(zone_name)
 
     def offset(t: int) -> float:
@@ -177,8 +178,8 @@ def offset_changes(zone_name: str) -> list[int]:
         return delta.total_seconds()
 
     changes = []
-    t = START_S
-    while t < END_S:
+    t = start_s
+    while t < end_s:
         probe = t + 6 * 3600
         if offset(probe) != offset(t):
             low, high = t, probe

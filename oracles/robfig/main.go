@@ -1,5 +1,6 @@
-// The oracle of the differential test (test_robfig_oracle.py): robfig/cron v3.0.1, the parser
-// and scheduler of the Kubernetes CronJob controller, built from Debian's source package.
+// The oracle of the differential test (tests/schedule/test_robfig_oracle.py): robfig/cron
+// v3.0.1, the parser and scheduler of the Kubernetes CronJob controller, from the Go module
+// proxy, pinned by go.sum.
 //
 // Reads JSON lines {"expr", "zone", "next": [unix s], "match": [unix s]}; for each writes
 // {"ok", "error", "every_s", "next": [unix s or null], "hung": [index], "match": [bool]}:
