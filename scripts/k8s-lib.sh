@@ -2,6 +2,8 @@
 # The versions are read from the pinning modules under k8s/, so go.mod is the one place to bump.
 
 K8S_REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+# The machines' Go 1.26 lives here; an older Debian go earlier on PATH must not build the modules.
+if [[ -x /usr/local/go/bin/go ]]; then PATH=/usr/local/go/bin:$PATH; fi
 K8S_MODULES=$K8S_REPO/k8s
 
 # The version a module of ours requires, e.g. `module_version kubernetes k8s.io/kubernetes`.
