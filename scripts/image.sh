@@ -159,7 +159,7 @@ app_image() {
 }
 
 # A root tarball from Debian's packages, cached: NAME SUITE VARIANT PACKAGES (comma-separated).
-# The apps' jobs are copied into /app.
+# The apps' jobs are copied into /app (an extract hook: the extract variant runs no other).
 root_tar() {
     local name=$1 suite=$2 variant=$3 packages=$4 tar
     tar=$WORK/cache/app-$name-$suite.tar
@@ -167,8 +167,8 @@ root_tar() {
         echo "image.sh: mmdebstrap $suite $name app root (cached in $tar)" >&2
         mmdebstrap --quiet --variant="$variant" ${packages:+--include="$packages"} \
             --aptopt='APT::Install-Recommends "false"' --aptopt='Acquire::Retries "3"' \
-            --customize-hook='mkdir -p "$1/app"' \
-            --customize-hook='cp tests/image/apps/job.sh "$1/app/"' \
+            --extract-hook='mkdir -p "$1/app"' \
+            --extract-hook='cp tests/image/apps/job.sh "$1/app/"' \
             --customize-hook='rm -rf "$1"/var/lib/apt/lists/* "$1"/var/cache/apt/*' \
             --format=tar "$suite" "$tar.partial" "$(debian_mirror)" >&2
         mv "$tar.partial" "$tar"

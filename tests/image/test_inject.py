@@ -125,9 +125,10 @@ def final(podman: Podman, container: str) -> dict[str, Any]:
 
 def in_image(podman: Podman, app: str, script: str) -> str:
     shell = APPS[app].shell
+    # --passwd=false: podman would otherwise add the user to /etc/passwd, which a kubelet does not.
     return podman(
-        "run", "--rm", "--pull=never", "--entrypoint", shell[0], APPS[app].image,
-        *shell[1:], "-c", script,
+        "run", "--rm", "--pull=never", "--passwd=false", "--entrypoint", shell[0],
+        APPS[app].image, *shell[1:], "-c", script,
     ).strip()  # fmt: skip
 
 
@@ -252,6 +253,27 @@ def bundle(tmp_path_factory: pytest.TempPathFactory) -> Path:
     finally:
         podman("rm", created)
     return out
+
+
+def test_the_runner_needs_nothing_from_an_image_of_one_static_binary(
+    podman: Podman, redis_server: RedisServer, bundle: Path
+) -> None:
+    # As a kubelet runs it: no /etc/passwd entry for the uid (podman adds one unless told not
+    # to), no time zone database, no CA store, no shell, a read-only root. The command checks
+    # what it was given, and fails the run if anything is there.
+    app = APPS["static"]
+    check = "test ! -e /etc/passwd && test ! -e /usr/share/zoneinfo && test ! -e /etc/ssl"
+    done = subprocess.run(
+        [str(podman.binary), "run", "--rm", "--pull=never", "--read-only", "--passwd=false",
+         "--user", f"{DISTROLESS_UID}:{DISTROLESS_UID}", "-v", f"{bundle}:/cron-runner:ro",
+         "-e", f"CRON_RUNNER_REDIS_URL={redis_server.url}",
+         "-e", "CRON_RUNNER_TIMEZONE=Europe/Berlin",
+         "--entrypoint", "/cron-runner/cron-runner", app.image,
+         "exec", "--name", "scratch-check", "--", app.entrypoint[0], "sh", "-c", check],
+        capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert '"outcome":"ran"' in done.stderr.replace(" ", "") + done.stdout.replace(" ", "")
 
 
 def test_import_runs_from_the_runner_image(podman: Podman) -> None:
