@@ -8,7 +8,9 @@
 #                                and the examples/custom-image user image on top of it, and
 #                                app images without Python (php-cli, nodejs; musl, scratch-like,
 #                                Debian 11) for runner.inject
-#   scripts/image.sh test        build, run the image tests (pytest -m image), print figures,
+#   scripts/image.sh dist        build, then the self-contained runner as a tarball and its
+#                                SHA-256 in $ARTIFACTS (dist/), for servers without Python
+#   scripts/image.sh test        build, dist, run the image tests (pytest -m image), print figures,
 #                                clean (KEEP_IMAGE=1 keeps everything for a look around)
 #   scripts/image.sh clean       remove our pods, images and storage; keep the cached base tarball
 #   scripts/image.sh env CMD...  run CMD with the private configuration (e.g. `env podman ps -a`)
@@ -90,7 +92,7 @@ EOF
     export CONTAINERS_CONF=$WORK/conf/containers.conf
     export CONTAINERS_STORAGE_CONF=$WORK/conf/storage.conf
     export TMPDIR=$WORK/tmp
-    export IMAGE EXAMPLE_IMAGE PHP_IMAGE NODE_IMAGE MUSL_IMAGE STATIC_IMAGE BULLSEYE_IMAGE
+    export IMAGE EXAMPLE_IMAGE PHP_IMAGE NODE_IMAGE MUSL_IMAGE STATIC_IMAGE BULLSEYE_IMAGE ARTIFACTS
 }
 
 debian_mirror() {
@@ -204,7 +206,8 @@ other_libc_images() {
         rm -rf "$root" "$root.tar"
     fi
     if ! podman image exists "$BULLSEYE_IMAGE"; then
-        tar=$(root_tar bullseye bullseye minbase "")
+        # With ps, which the runner's tarball test (tests/image/test_dist.py) uses in it.
+        tar=$(root_tar bullseye bullseye minbase procps)
         import_app "$BULLSEYE_IMAGE" "$tar" 65532:65532 '["/bin/sh"]' '["/app/job.sh"]'
     fi
 }
@@ -252,6 +255,25 @@ figures() {
     done
 }
 
+# The self-contained runner as a tarball for servers without Python 3.11 (docs/adoption.md),
+# from the image's /opt/cron-runner-bin: the launcher and bundle/ in cron-runner-VERSION/,
+# with the same bytes whatever the build's time or user, and its SHA-256 beside it.
+dist() {
+    local version name stage created
+    version=$(sed -n 's/^version = "\(.*\)"$/\1/p' pyproject.toml)
+    name=cron-runner-$version-linux-$(uname -m)
+    stage=$WORK/tmp/dist
+    rm -rf "$stage" && mkdir -p "$stage" "$ARTIFACTS"
+    created=$(podman create --pull=never "$IMAGE")
+    podman cp "$created:/opt/cron-runner-bin" "$stage/cron-runner-$version"
+    podman rm "$created" >/dev/null
+    tar --sort=name --owner=0 --group=0 --numeric-owner --mtime=@0 -C "$stage" \
+        -cf - "cron-runner-$version" | gzip -n -9 >"$ARTIFACTS/$name.tar.gz"
+    (cd "$ARTIFACTS" && sha256sum "$name.tar.gz" >"$name.tar.gz.sha256")
+    rm -rf "$stage"
+    echo "image.sh: $ARTIFACTS/$name.tar.gz ($(du -h "$ARTIFACTS/$name.tar.gz" | cut -f1)) and .sha256"
+}
+
 unmount_below_work() {
     local mnt
     # Deepest first, so that nested mounts go before their parents.
@@ -279,6 +301,7 @@ clean() {
 run_tests() {
     [[ ${KEEP_IMAGE:-0} == 1 ]] || trap clean EXIT
     build
+    dist
     figures
     "$PYTEST" -m image tests/image "$@"
 }
@@ -288,9 +311,10 @@ shift || true
 case $command in
     base) require_tools; configure; base ;;
     build) require_tools; configure; build ;;
+    dist) require_tools; configure; build; dist ;;
     test) require_tools; configure; run_tests "$@" ;;
     figures) configure; figures ;;
     clean) clean ;;
     env) configure; exec "$@" ;;
-    *) die "usage: scripts/image.sh base|build|test|clean|figures|env CMD..." ;;
+    *) die "usage: scripts/image.sh base|build|dist|test|clean|figures|env CMD..." ;;
 esac
