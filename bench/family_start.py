@@ -38,6 +38,7 @@ def family_root(tarball: Path, bundle: Path) -> Iterator[Path]:
     """The image's root with the bundle at /cron-runner and the host's /proc bound in."""
     with tempfile.TemporaryDirectory(prefix="family-") as tmp:
         root = Path(tmp)
+        root.chmod(0o755)  # the distroless uid walks it
         subprocess.run(["tar", "-C", tmp, "-xf", str(tarball)], check=True)
         shutil.copytree(bundle, root / "cron-runner", symlinks=True)
         (root / "proc").mkdir(exist_ok=True)

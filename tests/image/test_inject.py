@@ -276,6 +276,27 @@ def test_the_runner_needs_nothing_from_an_image_of_one_static_binary(
     assert '"outcome":"ran"' in done.stderr.replace(" ", "") + done.stdout.replace(" ", "")
 
 
+def test_the_command_gets_the_environment_the_runner_was_given(
+    redis_server: RedisServer, bundle: Path, tmp_path: Path
+) -> None:
+    # The bundle's loader and PyInstaller set variables for the runner itself; the command
+    # must not inherit them (with the bundle's C library on its library path, an app's
+    # program would load it through the image's own loader). The caller's own stay.
+    out = tmp_path / "env"
+    done = subprocess.run(
+        [str(bundle / "cron-runner"), "exec", "--name", "env-check", "--",
+         "sh", "-c", f"env > {out}"],
+        env={"PATH": os.environ["PATH"], "CRON_RUNNER_REDIS_URL": redis_server.url,
+             "LD_LIBRARY_PATH": "/opt/app/lib", "APP_SETTING": "kept"},
+        capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    env = dict(line.split("=", 1) for line in out.read_text().splitlines() if "=" in line)
+    assert env["LD_LIBRARY_PATH"] == "/opt/app/lib"
+    assert env["APP_SETTING"] == "kept"
+    assert [k for k in env if k.startswith(("_PYI", "LD_LIBRARY_PATH_ORIG"))] == []
+
+
 def test_import_runs_from_the_runner_image(podman: Podman) -> None:
     manifest = (ROOT / "examples" / "adopt" / "laravel-invoices.yaml").read_text()
     done = subprocess.run(
