@@ -19,9 +19,10 @@ from typing import Any, NamedTuple
 import pytest
 import redis
 
-from runner.errors import EXIT_CANNOT_EXECUTE, EXIT_NOT_FOUND, EXIT_TERMINATED
+from runner.errors import EXIT_CANNOT_EXECUTE, EXIT_NOT_FOUND, EXIT_TERMINATED, ConfigError
 from runner.keys import TaskKeys
 from runner.testing import RedisServer
+from tests.helpers.topologies import TlsRedisServer, make_tls_files
 from tests.image.kube import (
     IMAGE,
     NAMESPACE,
@@ -274,6 +275,38 @@ def test_the_runner_needs_nothing_from_an_image_of_one_static_binary(
     )  # fmt: skip
     assert done.returncode == 0, done.stderr
     assert '"outcome":"ran"' in done.stderr.replace(" ", "") + done.stdout.replace(" ", "")
+
+
+@pytest.mark.parametrize(
+    "case",
+    [
+        ("/etc/pki/tls/certs/ca-bundle.crt", 0, '"outcome": "ran"'),  # where UBI keeps them
+        ("/etc/ssl/cert.pem", 0, '"outcome": "ran"'),  # where Alpine keeps them
+        # None there: the runner's own (Mozilla's) CAs, which do not know the test's CA: a
+        # clear refusal, not a crash for want of a CA store.
+        (None, ConfigError.exit_code, "CRON_RUNNER_REDIS_TLS_CA_FILE"),
+    ],
+    ids=["ubi-path", "alpine-path", "none"],
+)
+def test_tls_without_a_ca_file_trusts_the_images_own_cas(
+    podman: Podman, bundle: Path, tmp_path: Path, case: tuple[str | None, int, str]
+) -> None:
+    ca_path, code, says = case
+    # rediss:// with no CRON_RUNNER_REDIS_TLS_CA_FILE, in the image of one static binary: the
+    # bundle's OpenSSL looks where Debian keeps CAs, so the runner finds the image's own.
+    tls = make_tls_files(tmp_path)
+    mount = ["-v", f"{tls.ca_cert}:{ca_path}:ro"] if ca_path else []
+    with TlsRedisServer(tls, require_client_cert=False) as server:
+        done = subprocess.run(
+            [str(podman.binary), "run", "--rm", "--pull=never", "--read-only",
+             "--user", f"{DISTROLESS_UID}:{DISTROLESS_UID}", "-v", f"{bundle}:/cron-runner:ro",
+             *mount, "-e", f"CRON_RUNNER_REDIS_URL={server.url}",
+             "--entrypoint", "/cron-runner/cron-runner", APPS["static"].image,
+             "exec", "--name", "tls-check", "--", "/app/busybox", "true"],
+            capture_output=True, text=True, timeout=60, check=False,
+        )  # fmt: skip
+    assert done.returncode == code, done.stderr
+    assert says in done.stderr
 
 
 def test_the_command_gets_the_environment_the_runner_was_given(
