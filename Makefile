@@ -69,10 +69,10 @@ fmt: $(STAMP)
 # The system packages come first: the venv needs python3-venv on Debian.
 test: system-packages
 	$(MAKE) --no-print-directory lint venv-redis8
-	$(BIN)/pytest -m "not scale and not image" $(PYTEST_ARGS)
+	$(BIN)/pytest -m "not scale and not image and not e2e" $(PYTEST_ARGS)
 
 test-fast: system-packages $(STAMP) $(REDIS8_STAMP)
-	$(BIN)/pytest -m "not scale and not image" -x -q $(PYTEST_ARGS)
+	$(BIN)/pytest -m "not scale and not image and not e2e" -x -q $(PYTEST_ARGS)
 
 # Seed 001 §9 at full size: 50,000 jobs, 4 workers, 2 kill -9ed, and RQ on the same
 # workload as the anchor (tests/queue/test_scale.py, bench/queue_scale.py). A few minutes.
@@ -82,6 +82,7 @@ test-scale: $(STAMP)
 
 bench: $(STAMP)
 	$(BIN)/python bench/lease_cycle.py
+	$(BIN)/python bench/fleet_acquire.py
 
 clean:
 	rm -rf $(VENV) $(REDIS8_VENV) .mypy_cache .ruff_cache .pytest_cache
@@ -124,6 +125,24 @@ image-lock:
 	$(LOCK_PIP_ENV) $(LOCK_TOOLS)/bin/pip-compile -q --generate-hashes --allow-unsafe \
 	    --strip-extras -c constraints.txt --index-url https://pypi.org/simple --no-emit-index-url \
 	    -o image/bundle-tools.txt image/bundle-tools.in
+
+# A Kubernetes control plane built from the published Go modules pinned in k8s/ (binaries
+# cached in /var/cache/cron-runner/k8s), for a throwaway VM or CI machine only:
+# docs/kubernetes-dev.md. k8s-up writes .k8s/kubeconfig and puts kubectl and helm in .k8s/bin.
+.PHONY: k8s-build k8s-up k8s-down e2e
+k8s-build:
+	scripts/k8s-build.sh all
+
+k8s-up:
+	scripts/k8s-up.sh
+
+k8s-down:
+	scripts/k8s-down.sh
+
+# The end-to-end tests against that cluster (tests/e2e), starting it if it is not running.
+e2e: $(STAMP)
+	scripts/k8s-up.sh
+	$(BIN)/pytest -m e2e tests/e2e $(PYTEST_ARGS)
 
 # The user's real path, for machines with Docker, kind, helm and kubectl (not CI's).
 e2e-kind:

@@ -132,7 +132,7 @@ class Preempted(CronRunnerError):
 
 
 class Terminated(CronRunnerError):
-    """A stop signal (SIGTERM, SIGINT, SIGHUP, SIGQUIT, SIGUSR1, SIGUSR2) stopped the run."""
+    """A stop signal (SIGTERM, or another of runner.signals.STOP_SIGNALS) stopped the run."""
 
     exit_code = EXIT_TERMINATED
 

@@ -67,6 +67,8 @@ class TextFormatter(logging.Formatter):
 
 
 def setup(fmt: str, level: str) -> None:
+    # The CLI's sys.stderr drops a write that fails (a pipe whose reader is gone, a full disk):
+    # a lost log line never stops a run (runner/streams.py).
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(JsonFormatter() if fmt == "json" else TextFormatter())
     root = logging.getLogger()

@@ -1,10 +1,14 @@
 """`cron-runner import`: chart values that reproduce existing CronJobs under the runner.
 
 Each CronJob becomes one task with ``runner.inject: initContainer``: its own image, command,
-schedule, time zone, history limits, pod settings and name. What the chart then changes is
-what the runner must: the container's name and command, the ``CRON_RUNNER_*`` environment,
-the init container and emptyDir that bring the runner, a writable /tmp, no service links.
-A field the chart cannot carry over is refused (ConfigError, exit 78), naming it.
+schedule, time zone, history limits, labels and annotations at every level, container name,
+pod settings and name. What the chart then changes is what the runner must, and each change is
+listed with its reason (``Imported.changes``): the container's command, the ``CRON_RUNNER_*``
+environment, the init container and emptyDir that bring the runner, the chart's own
+``cron-runner.io/*`` labels, the runner's podFailurePolicy rules, and the runner's overlap
+policy that does what the CronJob's concurrencyPolicy did. A field the chart cannot carry
+over is refused (ConfigError, exit 78), naming it; what in the input selects the pods by label
+is warned about (``Imported.warnings``).
 
 Only the CLI's `import` loads this module (and PyYAML, the `import` extra): `run` and `exec`
 never do.
@@ -13,7 +17,9 @@ never do.
 from __future__ import annotations
 
 import re
+import textwrap
 from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 import yaml
@@ -51,21 +57,33 @@ SERVER_DEFAULTS: Doc = {
     "stdin": False,
     "tty": False,
 }
-CHART_VOLUMES = {"tmp", "cron-runner", "redis-tls"}
-CHART_MOUNT_PATHS = {"/tmp", "/cron-runner"}  # noqa: S108 - the chart's mounts, not files
+# The chart's own volumes and mounts, which an imported pod may not take. Its /tmp emptyDir
+# ("tmp") goes only where the root is read-only and the CronJob mounts nothing there.
+CHART_VOLUMES = {"cron-runner", "redis-password", "redis-sentinel-password", "redis-tls"}
+CHART_MOUNT_PATHS = {"/cron-runner", "/etc/cron-runner"}
 # A list of the pod spec -> the field that names an item, the chart's own, and why not.
 CHARTS_OWN: dict[str, tuple[str, set[str], str]] = {
     "volumes": ("name", CHART_VOLUMES, " is the chart's own volume; rename it (and its mounts)"),
     "volumeMounts": ("mountPath", CHART_MOUNT_PATHS, ": the chart mounts its own volume there"),
 }
-# The labels the chart gives every task pod, which select them; a pod label may not replace them.
-CHART_POD_LABELS = {
-    "app.kubernetes.io/name",
-    "app.kubernetes.io/instance",
-    "app.kubernetes.io/component",
-    "app.kubernetes.io/managed-by",
-    "app.kubernetes.io/version",
-    "helm.sh/chart",
+# The chart finds its objects by labels under this prefix, which no app label may take.
+CHART_LABEL_PREFIX = "cron-runner.io/"
+# The runner's own podFailurePolicy rules (values.yaml, jobDefaults.podFailurePolicy): what a
+# retry cannot fix fails the Job at once; an evicted pod does not count as a failure.
+RUNNER_EXIT_CODES = [64, 78, 79, 126, 127]
+RUNNER_CODES_REASON = (
+    "the runner's usage and configuration errors (64, 78), a slot replaced by a newer one "
+    "(79) and a command that cannot run (126, 127) fail the Job at once: a retry cannot help"
+)
+# concurrencyPolicy -> the runner's overlap that does the same across clusters and servers.
+OVERLAP = {"Replace": "replace", "Allow": "allow-other-slots"}
+# Kinds that select pods by label: warned about, for the imported pods keep their labels.
+SELECTING_KINDS = {
+    "NetworkPolicy",
+    "PodMonitor",
+    "ServiceMonitor",
+    "PodDisruptionBudget",
+    "Service",
 }
 CHART_ENV = {"CRON_RUNNER_SHUTDOWN_GRACE", "CRON_RUNNER_JOB_NAME", "CRON_RUNNER_CRONJOB_NAME"}
 OBJECT_META_DROPPED = {
@@ -85,6 +103,17 @@ TASK_KEY_MAX = 50
 
 class Refused(ConfigError):
     """A CronJob field the chart cannot reproduce."""
+
+
+@dataclass
+class Imported:
+    """Chart values, the CronJobs' namespace if they name one, what the chart will change in
+    each CronJob and why, and what in the input selects the pods by label."""
+
+    values: Doc
+    namespace: str | None
+    changes: dict[str, list[str]] = field(default_factory=dict)
+    warnings: list[str] = field(default_factory=list)
 
 
 class _Fields:
@@ -117,6 +146,12 @@ class _Fields:
             if key in self.left and self.left[key] == value:
                 del self.left[key]
 
+    def rest(self) -> Doc:
+        """What is left, to be carried over as it is (extraPodSpec, extraContainerSpec)."""
+        rest = {k: v for k, v in self.left.items() if v not in (None, [], {})}
+        self.left = {}
+        return rest
+
     def done(self) -> None:
         for key, value in self.left.items():
             if value in (None, [], {}):
@@ -127,8 +162,41 @@ class _Fields:
             )
 
 
+#: Deeper than any manifest nests (a CronJob's deepest field is about 15 levels down), and far
+#: from the recursion limit PyYAML's composer and everything after it would hit.
+MAX_DEPTH = 100
+#: Alias references in one input: a manifest from the API server has none, and a few
+#: thousand are enough to make a document of billions of nodes (the "billion laughs").
+MAX_ALIASES = 1000
+
+
+def _check_shape(text: str, source: str) -> None:
+    """Refuse input nested too deep, or with too many aliases, before it is composed: PyYAML's
+    event parser does not recurse, its composer does (RecursionError, a traceback)."""
+    depth = aliases = 0
+    for event in yaml.parse(text, Loader=yaml.SafeLoader):
+        if isinstance(event, yaml.CollectionStartEvent):
+            depth += 1
+            if depth > MAX_DEPTH:
+                line = event.start_mark.line + 1 if event.start_mark else "?"
+                raise Refused(
+                    f"{source}: nested more than {MAX_DEPTH} levels deep (line {line}): expected "
+                    "CronJob manifests"
+                )
+        elif isinstance(event, yaml.CollectionEndEvent):
+            depth -= 1
+        elif isinstance(event, yaml.AliasEvent):
+            aliases += 1
+            if aliases > MAX_ALIASES:
+                raise Refused(
+                    f"{source}: more than {MAX_ALIASES} aliases (*name): expected CronJob "
+                    "manifests, which have none"
+                )
+
+
 def load_documents(text: str, source: str) -> list[Doc]:
     try:
+        _check_shape(text, source)
         docs = [d for d in yaml.safe_load_all(text) if d is not None]
     except yaml.YAMLError as exc:
         raise Refused(f"{source}: not valid YAML: {exc}") from exc
@@ -143,16 +211,20 @@ def load_documents(text: str, source: str) -> list[Doc]:
 
 def cronjobs_to_values(
     docs: Sequence[Any], *, entrypoint: Sequence[str] = (), cmd: Sequence[str] = ()
-) -> tuple[Doc, str | None]:
-    """Chart values with one task per CronJob, and the CronJobs' namespace if they name one;
-    raises Refused naming the first field it cannot carry over."""
+) -> Imported:
+    """Chart values with one task per CronJob; raises Refused naming the first field it cannot
+    carry over."""
     tasks: Doc = {}
     pull_secrets: list[Any] = []
     namespaces: set[str] = set()
+    imported = Imported({}, None)
     for number, doc in enumerate(docs, 1):
         where = f"document {number}"
         if not isinstance(doc, Mapping):
             raise Refused(f"{where}: expected a CronJob mapping, got {type(doc).__name__}")
+        if doc.get("kind") in SELECTING_KINDS:
+            imported.warnings.append(_selector_warning(doc))
+            continue
         if doc.get("kind") != "CronJob":
             raise Refused(
                 f"{where}.kind: {doc.get('kind')!r}: only CronJobs (batch/v1) can be imported"
@@ -160,6 +232,8 @@ def cronjobs_to_values(
         if doc.get("apiVersion") != "batch/v1":
             raise Refused(f"{where}.apiVersion: {doc.get('apiVersion')!r}: expected batch/v1")
         name, task, secrets, namespace = _cronjob(where, doc, entrypoint, cmd)
+        imported.changes[name] = task.pop("_changes")
+        imported.warnings += task.pop("_warnings")
         key = name[:TASK_KEY_MAX].rstrip("-")
         if key in tasks:
             raise Refused(f"{where}.metadata.name: {name!r}: a second CronJob with this task key")
@@ -174,11 +248,22 @@ def cronjobs_to_values(
             f"metadata.namespace: the CronJobs are in {', '.join(sorted(namespaces))}: a release "
             "lives in one namespace; import each namespace's CronJobs on their own"
         )
-    values: Doc = {}
+    if not tasks:
+        raise Refused("import: no CronJob in the input, only objects that select pods")
     if pull_secrets:
-        values["imagePullSecrets"] = pull_secrets
-    values["tasks"] = tasks
-    return values, next(iter(namespaces), None)
+        imported.values["imagePullSecrets"] = pull_secrets
+    imported.values["tasks"] = tasks
+    imported.namespace = next(iter(namespaces), None)
+    return imported
+
+
+def _selector_warning(doc: Mapping[str, Any]) -> str:
+    name = (doc.get("metadata") or {}).get("name", "?")
+    return (
+        f"{doc.get('kind')} {name} selects pods by label and is not imported: apply it as "
+        "before. The imported pods keep their own labels, so it selects them as it did; the "
+        f"chart's labels are its own, under {CHART_LABEL_PREFIX}"
+    )
 
 
 def _cronjob(
@@ -215,11 +300,7 @@ def _cronjob(
 
     job_template = _Fields(f"{spec.where}.jobTemplate", spec.required("jobTemplate", Mapping))
     spec.done()
-    job_meta = _Fields(
-        f"{job_template.where}.metadata", job_template.take("metadata", Mapping) or {}
-    )
-    job_meta.take("creationTimestamp")
-    job_meta.done()
+    _template_meta(job_template, task, "job")
     job = _Fields(f"{job_template.where}.spec", job_template.required("spec", Mapping))
     job_template.done()
     job.drop_defaults(SERVER_DEFAULTS)
@@ -227,34 +308,58 @@ def _cronjob(
         task[key] = job.take(key, int, default)
     policy = job.take("podFailurePolicy", Mapping)
     template = _Fields(f"{job.where}.template", job.required("template", Mapping))
-    pod_meta = _Fields(f"{template.where}.metadata", template.take("metadata", Mapping) or {})
-    pod_meta.take("creationTimestamp")
-    if labels := pod_meta.take("labels", Mapping):
-        task["podLabels"] = _strings(f"{pod_meta.where}.labels", labels)
-        for key in CHART_POD_LABELS & set(labels):
-            raise Refused(
-                f"{pod_meta.where}.labels.{key}: the chart's pods carry their own {key} (the "
-                "NetworkPolicy and `kubectl logs -l` select on it); rename this label"
-            )
-    if annotations := pod_meta.take("annotations", Mapping):
-        task["podAnnotations"] = _strings(f"{pod_meta.where}.annotations", annotations)
-    pod_meta.done()
+    _template_meta(template, task, "pod")
     pod = _Fields(f"{template.where}.spec", template.required("spec", Mapping))
     template.done()
     job.done()
 
+    task["_changes"] = changes = []
+    task["_warnings"] = []
     secrets = _pod(task, pod, entrypoint, cmd)
-    task["podFailurePolicy"] = _failure_policy(f"{job.where}.podFailurePolicy", policy, task)
-    first = ("schedule", "timeZone", "suspend", "cronJobName", "runner", "image", "command", "args")
+    task["podFailurePolicy"] = _failure_policy(policy, task)
+    _overlap(task)
+    changes += _runner_changes(name[:TASK_KEY_MAX].rstrip("-"), task["containerName"])
+    first = (
+        "schedule", "timeZone", "suspend", "cronJobName", "containerName", "runner", "image",
+        "command", "args", "overlap",
+    )  # fmt: skip
     ordered = {key: task[key] for key in first if key in task}
     return name, {**ordered, **task}, secrets, namespace
+
+
+def _runner_changes(key: str, container: str) -> list[str]:
+    """What the chart changes in every imported CronJob: what running under the runner takes."""
+    return [
+        f"container {container}: its command runs under "
+        f"`/cron-runner/cron-runner exec --name {key} --`, which "
+        "holds the slot's lease around it",
+        f"container {container}: CRON_RUNNER_* environment variables (and the Redis "
+        "password and CA files, once you set them): the runner's settings",
+        "init container cron-runner-inject and emptyDir volume cron-runner: they copy the "
+        "runner into the app's own image",
+        f"labels {CHART_LABEL_PREFIX}name, instance, component on the CronJob, Job template and "
+        f"pod, and {CHART_LABEL_PREFIX}inject on the pod: the chart finds its objects by them",
+        "label app.kubernetes.io/managed-by: Helm on the CronJob: Helm adopts it by this label",
+    ]
+
+
+def _template_meta(template: _Fields, task: Doc, prefix: str) -> None:
+    """A Job or pod template's labels and annotations, kept as the task's jobLabels,
+    jobAnnotations, podLabels and podAnnotations."""
+    meta = _Fields(f"{template.where}.metadata", template.take("metadata", Mapping) or {})
+    meta.take("creationTimestamp")
+    if labels := meta.take("labels", Mapping):
+        task[f"{prefix}Labels"] = _own_labels(f"{meta.where}.labels", labels)
+    if annotations := meta.take("annotations", Mapping):
+        task[f"{prefix}Annotations"] = _strings(f"{meta.where}.annotations", annotations)
+    meta.done()
 
 
 def _object_meta(meta: _Fields, task: Doc) -> None:
     for key in OBJECT_META_DROPPED:
         meta.take(key)
     if labels := meta.take("labels", Mapping):
-        task["labels"] = _strings(f"{meta.where}.labels", labels)
+        task["labels"] = _own_labels(f"{meta.where}.labels", labels)
     annotations = dict(meta.take("annotations", Mapping) or {})
     annotations.pop(LAST_APPLIED, None)
     if annotations:
@@ -264,8 +369,8 @@ def _object_meta(meta: _Fields, task: Doc) -> None:
 
 def _pod(task: Doc, pod: _Fields, entrypoint: Sequence[str], cmd: Sequence[str]) -> list[Any]:
     pod.drop_defaults(SERVER_DEFAULTS)
-    # The chart turns service links off in every pod: Services are found through DNS.
-    pod.take("enableServiceLinks", bool)
+    # Kubernetes' default, which the chart's (off) must not replace: an app may read them.
+    task["enableServiceLinks"] = pod.take("enableServiceLinks", bool, True)
     task["restartPolicy"] = pod.take("restartPolicy", str, "Never")
     if task["restartPolicy"] not in ("Never", "OnFailure"):
         raise Refused(
@@ -286,6 +391,17 @@ def _pod(task: Doc, pod: _Fields, entrypoint: Sequence[str], cmd: Sequence[str])
     task["nodeSelector"] = dict(pod.take("nodeSelector", Mapping) or {})
     task["tolerations"] = list(pod.take("tolerations", list) or [])
     task["affinity"] = dict(pod.take("affinity", Mapping) or {})
+    if task["affinity"].get("podAntiAffinity") or task["affinity"].get("podAffinity"):
+        task["_warnings"].append(
+            f"{pod.where}.affinity: pod (anti-)affinity selects pods by label; the pods keep "
+            "their own labels, so it matches as it did"
+        )
+    if spread := pod.take("topologySpreadConstraints", list):
+        task["topologySpreadConstraints"] = spread
+        task["_warnings"].append(
+            f"{pod.where}.topologySpreadConstraints: selects pods by label; the pods keep their "
+            "own labels, so it matches as it did"
+        )
     task["priorityClassName"] = pod.take("priorityClassName", str) or ""
     task["initContainers"] = pod.take("initContainers", list) or []
     secrets = pod.take("imagePullSecrets", list) or []
@@ -296,8 +412,32 @@ def _pod(task: Doc, pod: _Fields, entrypoint: Sequence[str], cmd: Sequence[str])
         raise Refused(f"{pod.where}.containers: empty: a CronJob needs a container to run")
     _container(task, f"{pod.where}.containers[0]", containers[0], entrypoint, cmd)
     task["extraContainers"] = list(containers[1:])
-    pod.done()
+    if (os_name := (pod.left.get("os") or {}).get("name")) not in (None, "linux"):
+        raise Refused(f"{pod.where}.os.name: {os_name!r}: the runner runs on Linux only")
+    # The pod fields the chart writes nothing for (DNS settings, host aliases, a runtime
+    # class, ...) go over as they are.
+    if rest := pod.rest():
+        task["extraPodSpec"] = rest
+    _tmp(task)
     return list(secrets)
+
+
+def _tmp(task: Doc) -> None:
+    """The chart's rule for /tmp (cronjobs.yaml): a writable emptyDir where the container's
+    root is read-only and it mounts nothing at /tmp; a CronJob that had neither gains one."""
+    if not task["securityContext"].get("readOnlyRootFilesystem"):
+        return
+    if any(m.get("mountPath") == "/tmp" for m in task["extraVolumeMounts"]):  # noqa: S108
+        return
+    if any(v.get("name") == "tmp" for v in task["extraVolumes"]):
+        raise Refused(
+            f"CronJob {task['cronJobName']}: a volume named tmp, not mounted at /tmp: the chart "
+            "mounts its own tmp there on a read-only root; rename the volume"
+        )
+    task["_changes"].append(
+        f"container {task['containerName']}: an emptyDir at /tmp: the chart gives one to a "
+        "read-only root filesystem"
+    )
 
 
 def _container(
@@ -305,7 +445,7 @@ def _container(
 ) -> None:
     c = _Fields(where, container)
     c.drop_defaults(SERVER_DEFAULTS)
-    task["_container"] = c.required("name", str)
+    task["containerName"] = c.required("name", str)
     task["image"] = _image(f"{where}.image", c.required("image", str))
     # Unset, Kubernetes pulls :latest (or an untagged, undigested image) always, else if absent.
     latest = task["image"].get("tag", "latest" if "digest" not in task["image"] else "") == "latest"
@@ -336,10 +476,13 @@ def _container(
     task["env"] = _env(f"{where}.env", c.take("env", list) or [])
     if env_from := c.take("envFrom", list):
         task["envFrom"] = env_from
+    if ports := c.take("ports", list):
+        task["ports"] = ports
     task["resources"] = c.take("resources", Mapping) or {}
     task["securityContext"] = c.take("securityContext", Mapping) or {}
     task["extraVolumeMounts"] = _none_of_the_charts(c, "volumeMounts")
-    c.done()
+    if rest := c.rest():
+        task["extraContainerSpec"] = rest
 
 
 def _none_of_the_charts(fields: _Fields, name: str) -> list[Any]:
@@ -398,24 +541,51 @@ def _env(where: str, entries: Iterable[Any]) -> Doc:
     return env
 
 
-def _failure_policy(where: str, policy: Mapping[str, Any] | None, task: Doc) -> Any:
-    """The CronJob's own policy, with its container's new name; none if it had none."""
-    container = task.pop("_container")
-    if policy is None:
-        return None
-    rules = []
-    for given in policy.get("rules") or []:
-        rule = dict(given)
-        codes = rule.get("onExitCodes")
-        if isinstance(codes, Mapping) and codes.get("containerName") not in (None, container):
+def _failure_policy(policy: Mapping[str, Any] | None, task: Doc) -> Any:
+    """The runner's rules first, for the container that runs it, then the CronJob's own. A
+    Job that restarts its pods (OnFailure) can have none: it keeps its own (none)."""
+    if task["restartPolicy"] != "Never":
+        return dict(policy) if policy else None
+    runner = [
+        {
+            "action": "FailJob",
+            "onExitCodes": {
+                "containerName": task["containerName"],
+                "operator": "In",
+                "values": list(RUNNER_EXIT_CODES),
+            },
+        },
+        {"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget", "status": "True"}]},
+    ]
+    own = [dict(rule) for rule in (policy or {}).get("rules") or []]
+    task["_changes"].append(
+        f"podFailurePolicy: the runner's rules go before the Job's own: {RUNNER_CODES_REASON}; "
+        "a pod evicted or preempted does not count against backoffLimit"
+    )
+    return {**(policy or {}), "rules": runner + [r for r in own if r not in runner]}
+
+
+def _overlap(task: Doc) -> None:
+    """The runner's overlap policy that does what the CronJob's concurrencyPolicy did, across
+    every cluster and server that shares the lease (without it, the runner skips a slot while
+    another runs)."""
+    policy = task["concurrencyPolicy"]
+    if policy in OVERLAP:
+        task["overlap"] = OVERLAP[policy]
+        task["_changes"].append(
+            f"overlap: {OVERLAP[policy]}: what concurrencyPolicy {policy} does, kept: the "
+            "runner applies it across clusters and servers (its default, skip, would not)"
+        )
+
+
+def _own_labels(where: str, labels: Mapping[str, Any]) -> dict[str, str]:
+    for key in labels:
+        if str(key).startswith(CHART_LABEL_PREFIX):
             raise Refused(
-                f"{where}: a rule for container {codes['containerName']!r}: only the CronJob's "
-                "first container is carried over with its policy"
+                f"{where}.{key}: labels under {CHART_LABEL_PREFIX} are the chart's own, by which "
+                "it finds its objects; rename this label"
             )
-        if isinstance(codes, Mapping) and "containerName" in codes:
-            rule["onExitCodes"] = {**codes, "containerName": "cron-runner"}
-        rules.append(rule)
-    return {**policy, "rules": rules}
+    return _strings(where, labels)
 
 
 def _strings(where: str, mapping: Mapping[str, Any]) -> dict[str, str]:
@@ -425,13 +595,29 @@ def _strings(where: str, mapping: Mapping[str, Any]) -> dict[str, str]:
     return dict(mapping)
 
 
-def render_values(values: Doc, sources: Sequence[str], namespace: str | None) -> str:
-    header = (
-        f"# Chart values from `cron-runner import {' '.join(sources)}`: each CronJob runs\n"
-        "# in its own image, with the runner injected (runner.inject: initContainer).\n"
-        "# Add where the leases live (redis.host, or redis.url), then:\n"
-        f"#   helm upgrade --install cron-runner charts/cron-runner -n {namespace or 'NAMESPACE'} -f FILE\n"
-        "# Their names are kept (cronJobName): annotate and label each CronJob for the release\n"
-        "# first (README, Use it), and Helm takes it over in place.\n"
+def _item(text: str) -> list[str]:
+    return textwrap.wrap(
+        text, 94, initial_indent="  - ", subsequent_indent="    ", break_on_hyphens=False
     )
-    return header + yaml.safe_dump(values, sort_keys=False, width=100)
+
+
+def render_values(imported: Imported, sources: Sequence[str]) -> str:
+    namespace = imported.namespace or "NAMESPACE"
+    lines = [
+        f"Chart values from `cron-runner import {' '.join(sources)}`: each CronJob runs",
+        "in its own image, with the runner injected (runner.inject: initContainer).",
+        "Add where the leases live (redis.host, or redis.url), then:",
+        f"  helm upgrade --install cron-runner charts/cron-runner -n {namespace} -f FILE",
+        "Their names are kept (cronJobName): annotate and label each CronJob for the release",
+        "first (docs/adoption.md), and Helm takes it over in place.",
+        "",
+        "What the chart changes in each CronJob, and why; nothing else changes:",
+    ]
+    for name, changes in imported.changes.items():
+        lines.append(f"{name}:")
+        lines += [line for change in changes for line in _item(change)]
+    if imported.warnings:
+        lines += ["", "Check:"]
+        lines += [line for warning in imported.warnings for line in _item(warning)]
+    header = "".join(f"# {line}".rstrip() + "\n" for line in lines)
+    return header + yaml.safe_dump(imported.values, sort_keys=False, width=100)

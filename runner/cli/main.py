@@ -4,6 +4,7 @@ every error to its exit code in one place (docs/design.md, Exit codes)."""
 from __future__ import annotations
 
 import argparse
+import errno
 import gc
 import logging
 import os
@@ -11,10 +12,17 @@ import sys
 from collections.abc import Callable, MutableMapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from runner import __version__, logs
-from runner.config.settings import Settings, load_settings, task_environment, url_has_password
-from runner.config.sources import FLAG_DEST_PREFIX, setting_flags
-from runner.errors import ConfigError, CronRunnerError, Terminated, UsageError
+from runner import __version__, logs, streams
+from runner.config.settings import Settings, load_settings, task_environment
+from runner.config.sources import FLAG_DEST_PREFIX, OPTIONS_ATTR, setting_flags, setting_options
+from runner.config.urls import url_has_password
+from runner.errors import (
+    EXIT_TASK_FAILED,
+    ConfigError,
+    CronRunnerError,
+    Terminated,
+    UsageError,
+)
 
 if TYPE_CHECKING:
     from runner.run.execution import Asked
@@ -39,7 +47,8 @@ EXIT_CODES = """exit codes:
        task was stopped and its slot marked done (not to be retried)
   126  exec: the command was found but cannot run (no execute bit, bad interpreter)
   127  exec: the command was not found
-  143  stopped by SIGTERM, SIGINT, SIGHUP, SIGQUIT, SIGUSR1 or SIGUSR2
+  143  stopped by SIGTERM, or by any other signal that would end the process (SIGINT, SIGHUP,
+       SIGQUIT, SIGUSR1/2, SIGALRM, SIGXCPU, real-time signals...; not SIGPIPE, SIGXFSZ)
 """
 
 ENVIRONMENT = """environment (flags win over variables):
@@ -83,7 +92,7 @@ ENVIRONMENT = """environment (flags win over variables):
                                  (each waited for at most CRON_RUNNER_PING_TIMEOUT, default 3s)
   OTEL_EXPORTER_OTLP_ENDPOINT    turns OpenTelemetry on (telemetry extra); delivered at exit within
                                  CRON_RUNNER_TELEMETRY_FLUSH_TIMEOUT (default 3s)
-Durations accept 30, 30s, 1m, 500ms, 1h. See the README for the full list.
+Durations accept 30, 30s, 1m, 500ms, 1h. See docs/configuration.md for the full list.
 """
 
 # Flags that override a CRON_RUNNER_* variable, by the variable's name without the prefix.
@@ -220,9 +229,10 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
         help="print chart values that run existing CronJobs under the runner, in their own images",
         description="Read CronJob manifests (files, or - for stdin; one or many YAML documents) and "
         "print chart values that reproduce them under the runner: the same image, command, "
-        "schedule, time zone, history limits, pod settings and CronJob name, with the runner "
-        "injected (runner.inject: initContainer). A field the chart cannot carry over exits 78, "
-        "naming it. Example:\n  kubectl get cronjob nightly -o yaml | cron-runner import - > values.yaml",
+        "schedule, time zone, history limits, labels, container name, pod settings and CronJob "
+        "name, with the runner injected (runner.inject: initContainer); the header lists what "
+        "the chart changes and why. A field the chart cannot carry over exits 78, naming it. "
+        "Example:\n  kubectl get cronjob nightly -o yaml | cron-runner import - > values.yaml",
         formatter_class=fmt,
     )
     p.add_argument("files", nargs="*", default=["-"], metavar="FILE", help="manifests (default -)")
@@ -237,6 +247,17 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
         metavar="CMD",
         help="the image's CMD, for every container without command; its args replace it",
     )
+    p.add_argument(
+        "--diff",
+        action="store_true",
+        help="print each original CronJob next to the one the chart renders from the values, "
+        "as a unified diff, instead of the values (Helm's engine: the import-diff extra)",
+    )
+    p.add_argument(
+        "--chart",
+        metavar="DIR",
+        help="the chart --diff renders (default: the one beside the package, in a checkout)",
+    )
     _add_setting_flags(p, ("LOG_FORMAT", "LOG_LEVEL"))
     p.set_defaults(handler=cmd_import)
 
@@ -244,6 +265,10 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
 
     serve.add_commands(sub, lambda p, names: _add_setting_flags(p, (*names, *COMMON_FLAGS)))
     return parser
+
+
+#: Far more than the manifests of thousands of CronJobs (a few KiB each).
+MAX_IMPORT_CHARS = 32 * 2**20
 
 
 def cmd_import(args: argparse.Namespace, settings: Settings) -> int:
@@ -259,9 +284,19 @@ def cmd_import(args: argparse.Namespace, settings: Settings) -> int:
     docs = []
     for name in args.files:
         try:
-            text = sys.stdin.read() if name == "-" else Path(name).read_text()
-        except (OSError, UnicodeDecodeError) as exc:
+            # Bounded: a path such as /dev/zero must not fill the memory.
+            if name == "-":
+                text = sys.stdin.read(MAX_IMPORT_CHARS + 1)
+            else:
+                with Path(name).open(encoding="utf-8") as f:
+                    text = f.read(MAX_IMPORT_CHARS + 1)
+        except (OSError, UnicodeDecodeError, ValueError) as exc:
             raise ConfigError(f"import: cannot read {name}: {exc}") from exc
+        if len(text) > MAX_IMPORT_CHARS:
+            raise ConfigError(
+                f"import: {name} is longer than {MAX_IMPORT_CHARS // 2**20} MiB: expected "
+                "CronJob manifests; import them a namespace or a few at a time"
+            )
         docs.extend(adopt.load_documents(text, "stdin" if name == "-" else name))
     if not docs:
         # An empty `kubectl get ... -o yaml` (it failed, or found none) must not print values
@@ -279,10 +314,17 @@ def cmd_import(args: argparse.Namespace, settings: Settings) -> int:
                 f"import: {flag}={value!r} is not valid: {exc}; expected words as a shell "
                 "reads them, e.g. --cmd 'php artisan schedule:run'"
             ) from exc
-    values, namespace = adopt.cronjobs_to_values(
-        docs, entrypoint=split["--entrypoint"], cmd=split["--cmd"]
-    )
-    sys.stdout.write(adopt.render_values(values, args.files, namespace))
+    imported = adopt.cronjobs_to_values(docs, entrypoint=split["--entrypoint"], cmd=split["--cmd"])
+    for warning in imported.warnings:
+        log.warning("import: %s", warning)
+    if args.diff:
+        from runner.cli import adopt_diff  # noqa: PLC0415
+
+        rendered = adopt_diff.render_cronjobs(imported, Path(args.chart) if args.chart else None)
+        cronjobs = [d for d in docs if isinstance(d, dict) and d.get("kind") == "CronJob"]
+        sys.stdout.write(adopt_diff.diff(cronjobs, rendered))
+        return 0
+    sys.stdout.write(adopt.render_values(imported, args.files))
     return 0
 
 
@@ -436,7 +478,7 @@ def _log_format_asked(argv: Sequence[str]) -> str:
     asked = asked.strip().lower()
     if asked in ("json", "text"):
         return asked
-    return "text" if sys.stderr.isatty() else "json"
+    return "text" if sys.stderr is not None and sys.stderr.isatty() else "json"
 
 
 def _hide_credentials(env: MutableMapping[str, str]) -> None:
@@ -490,10 +532,46 @@ def _freeze_before_exit() -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    if argv is None:
+        # The process's entry: before anything opens a file or a socket, which would take a
+        # closed standard descriptor (runner/streams.py).
+        streams.guard()
     args_list = sys.argv[1:] if argv is None else list(argv)
+    try:
+        code = _main(args_list)
+    except SystemExit as exc:
+        if argv is not None or not isinstance(exc.code, int):
+            raise
+        code = exc.code  # --help, --version: their output is their result too
+    finally:
+        if argv is None and args_list[:1] == ["exec"]:
+            _freeze_before_exit()
+    return _output_written(code, args_list) if argv is None else code
+
+
+def _output_written(code: int, args_list: Sequence[str]) -> int:
+    """A command whose output is its result (status, history, check...) and could not write it
+    did not succeed. run, exec and worker print nothing of their own: what a task printed and
+    lost changes nothing of its run. A reader gone (``| head``) took what it wanted: no news."""
+    error = streams.output_error()
+    if (
+        error is None
+        or args_list[:1] in (["run"], ["exec"], ["worker"])
+        or error.errno == errno.EPIPE
+    ):
+        return code
+    log.error(
+        f"could not write the output to stdout: {error.strerror or error}",
+        extra={"event": "output_failed"},
+    )
+    return code or EXIT_TASK_FAILED
+
+
+def _main(args_list: list[str]) -> int:
     parser = build_parser(args_list[0] if args_list else None)
     try:
         args = parser.parse_args(args_list)
+        setattr(args, OPTIONS_ATTR, setting_options(parser))
         if not getattr(args, "handler", None):
             parser.print_help(sys.stderr)
             return UsageError.exit_code
@@ -522,6 +600,3 @@ def main(argv: Sequence[str] | None = None) -> int:
         return exc.exit_code
     except KeyboardInterrupt:
         return Terminated.exit_code
-    finally:
-        if argv is None and args_list[:1] == ["exec"]:
-            _freeze_before_exit()

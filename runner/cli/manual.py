@@ -78,8 +78,10 @@ def add_commands(sub: Any, add_flags: AddFlags) -> None:
         "so a backfill repeated over the same range runs nothing. A run that holds the lease "
         "is waited for (--wait), not skipped. A backfilled slot is recorded in the history "
         "(with the field backfill) but leaves the task's state, its latest slot's, as it is. "
-        "In queue mode (CRON_RUNNER_MODE=enqueue) each slot's message is enqueued. The last "
-        "line says how many slots ran, were skipped and failed. Examples:\n"
+        "In queue mode (CRON_RUNNER_MODE=enqueue) each slot's message is enqueued, and a worker "
+        "runs each slot once, waiting for its turn while another slot holds the lease. The last "
+        "line says how many slots ran (in queue mode: were sent), were skipped and failed. "
+        "Examples:\n"
         "  cron-runner backfill billing --from 2026-01-01T00:00:00Z --to 2026-01-02T00:00:00Z\n"
         "  cron-runner backfill --name billing --schedule '0 * * * *' --from 1767225600 \\\n"
         "      --to 1767312000 -- php artisan billing",
@@ -169,7 +171,10 @@ def _target(args: argparse.Namespace, settings: Settings, verb: str) -> tuple[st
     if settings.run.mode == "enqueue":
         from runner.cli.queue import enqueue_target  # noqa: PLC0415 - queue mode only
 
-        return name, enqueue_target(settings, spec), f"enqueue {spec.name}"
+        sender = enqueue_target(settings, spec)
+        # Each backfilled slot was asked for: a worker waits for its turn, never skips it.
+        sender.wait_turn = verb == "backfill"
+        return name, sender, f"enqueue {spec.name}"
     from runner.run.targets import PythonTarget  # noqa: PLC0415
 
     return name, PythonTarget(spec.fn), f"run {spec.name}"
@@ -254,6 +259,7 @@ def cmd_backfill(args: argparse.Namespace, settings: Settings) -> int:
         logging.INFO if tally.exit_code == 0 else logging.ERROR,
         line,
         extra={"event": "backfill", "task": name, "slots": len(slots), "ran": tally.ran,
+               "sent": tally.sent,
                "skipped": tally.skipped, "failed": tally.failed, "exit_code": tally.exit_code},
     )  # fmt: skip
     sys.stdout.write(line + "\n")

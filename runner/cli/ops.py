@@ -16,7 +16,7 @@ from typing import Any
 
 from runner import clock
 from runner.config.settings import Settings
-from runner.config.sources import parse_duration
+from runner.config.sources import parse_duration, parse_time
 from runner.errors import ConfigError, StoreUnavailable, UnknownTask, UsageError
 
 AddFlags = Callable[[argparse.ArgumentParser, Sequence[str]], None]
@@ -120,32 +120,15 @@ def _max_runtime(value: str) -> tuple[str, float]:
     return task.strip(), seconds
 
 
-_LAST_SLOT = 253_402_300_799  # 9999-12-31T23:59:59Z
-
-
 def parse_slot(value: str) -> int:
-    """A slot as epoch seconds, or as an ISO 8601 time (UTC unless it names an offset)."""
-    from datetime import UTC, datetime  # noqa: PLC0415
-
-    bad = argparse.ArgumentTypeError(
-        f"SLOT {value[:60]!r} is not valid: expected epoch seconds (1767261600) or an ISO 8601 "
-        "time (2026-01-01T10:00:00Z) before the year 10000, as `status` and the watchdog list them"
-    )
-    text = value.strip()
-    if text.isascii() and text.isdigit():
-        slot = int(text) if len(text) <= 12 else _LAST_SLOT + 1
-    else:
-        try:
-            when = datetime.fromisoformat(text.replace("Z", "+00:00").replace("z", "+00:00"))
-            if when.tzinfo is None:
-                when = when.replace(tzinfo=UTC)
-            slot = int(when.timestamp())
-        except (ValueError, OverflowError):
-            raise bad from None
-    # Beyond it a slot cannot be shown as a time (time_t, and datetime's year 9999).
-    if slot > _LAST_SLOT:
-        raise bad
-    return slot
+    """A slot, as `status` and the watchdog list them: read as every command reads a time
+    (runner.config.sources.parse_time), and whole seconds, as slots are."""
+    t_s = parse_time(value, "SLOT")
+    if t_s != int(t_s):
+        raise ConfigError(
+            f"SLOT={value[:60]!r} is not a slot: slots are whole seconds, as `status` lists them"
+        )
+    return int(t_s)
 
 
 def _output_flag(p: argparse.ArgumentParser) -> None:
@@ -265,12 +248,13 @@ def add_commands(sub: Any, add_flags: AddFlags) -> None:
         help="acknowledge a missed slot, so it is no longer reported",
         description="Remove SLOT from TASK's missed-slot ledger, where a slot that passed with no "
         "run stays (reported by status, the watchdog and serve) until it runs or is "
-        "acknowledged. SLOT is epoch seconds or an ISO 8601 time, as status lists it. Logged, "
+        "acknowledged. SLOT is epoch seconds or an ISO 8601 time with Z or an offset, as status "
+        "lists it. Logged, "
         "and recorded in the task's history. Exit 1 if the slot is not in the ledger. --all "
         "acknowledges every slot in it (a task stopped on purpose for a while).",
     )
     p.add_argument("task", metavar="TASK")
-    p.add_argument("slot", metavar="SLOT", type=parse_slot, nargs="?")
+    p.add_argument("slot", metavar="SLOT", nargs="?")
     p.add_argument("--all", action="store_true", help="every slot in the ledger")
     p.add_argument("--tolerance", type=_duration, default=DEFAULT_TOLERANCE, help=TOLERANCE_HELP)
     add_flags(p, ("CONNECT_TIMEOUT",))
@@ -566,6 +550,7 @@ def cmd_ack(args: argparse.Namespace, settings: Settings) -> int:
     if (args.slot is None) == (not args.all):
         raise UsageError("ack: expected either SLOT or --all, e.g. cron-runner ack report "
                           "2026-01-01T10:00:00Z")  # fmt: skip
+    slot_s = None if args.slot is None else parse_slot(args.slot)
     lease = settings.lease
     now_s = clock.wall()
     record = journal.admin_record("acknowledged", lease.holder, now_s)
@@ -584,17 +569,18 @@ def cmd_ack(args: argparse.Namespace, settings: Settings) -> int:
                     extra={"event": "ack", "task": args.task, "holder": lease.holder},
                 )
             return 0
-        removed = reader.acknowledge(args.task, args.slot, record)
+        assert slot_s is not None  # either SLOT or --all, checked above
+        removed = reader.acknowledge(args.task, slot_s, record)
         left = [] if removed else reader.ledger(args.task)
-    slot = report.iso(args.slot)
+    slot = report.iso(slot_s)
     if removed:
         log.warning(
             f"acknowledged {args.task}'s missed slot {slot}",
-            extra={"event": "ack", "task": args.task, "slot": args.slot, "holder": lease.holder},
+            extra={"event": "ack", "task": args.task, "slot": slot_s, "holder": lease.holder},
         )
-        _write(f"acknowledged: {args.task} slot {slot} ({args.slot}) is no longer reported\n")
+        _write(f"acknowledged: {args.task} slot {slot} ({slot_s}) is no longer reported\n")
         return 0
     listed = ", ".join(f"{report.iso(s)} ({s})" for s in left) or "none"
-    _write(f"not acknowledged: slot {slot} ({args.slot}) is not in {args.task}'s missed-slot "
+    _write(f"not acknowledged: slot {slot} ({slot_s}) is not in {args.task}'s missed-slot "
            f"ledger; its missed slots: {listed}\n")  # fmt: skip
     return 1

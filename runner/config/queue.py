@@ -1,5 +1,5 @@
-"""Queue-mode settings: from flags, then ``CRON_RUNNER_*``, then the defaults here (README,
-Queue mode; docs/design.md).
+"""Queue-mode settings: from flags, then ``CRON_RUNNER_*``, then the defaults here (docs/queue.md,
+docs/design.md).
 
 Read only by queue mode's commands (an enqueueing run, ``worker``, ``dlq``); nothing here
 imports Dramatiq.
@@ -65,7 +65,7 @@ def parse_size(value: str, origin: str) -> int:
 
 @dataclass(frozen=True)
 class QueueSettings:
-    """Queue-mode settings, from flags then ``CRON_RUNNER_*`` then defaults (README, Queue mode)."""
+    """Queue-mode settings, from flags then ``CRON_RUNNER_*`` then defaults (docs/queue.md)."""
 
     namespace: str = "cron-runner:queue:default"
     max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES

@@ -1,5 +1,5 @@
 """A task's rate limit in queue mode, ``N/DURATION``: at most N job starts in any DURATION,
-shared by every worker (README, Queue mode; docs/design.md). Read from ``@task(rate_limit=)``
+shared by every worker (docs/queue.md; docs/design.md). Read from ``@task(rate_limit=)``
 and CRON_RUNNER_RATE_LIMIT; runner.queue.limits enforces it.
 
 The window is whole seconds because Dramatiq's WindowRateLimiter counts in one-second buckets

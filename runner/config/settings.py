@@ -12,6 +12,7 @@ form (runner.config.sources reads the text; runner.config.timings derives the le
 import os
 import re
 import socket
+import stat
 import sys
 from collections.abc import Mapping
 from typing import NamedTuple
@@ -25,6 +26,7 @@ from runner.config.sources import (
     whole_number,
 )
 from runner.config.timings import MIN_TTL_S, LeaseTimings
+from runner.config.urls import redact_url
 from runner.errors import ConfigError
 from runner.keys import PREFIX_RE, validate_name
 
@@ -46,7 +48,6 @@ CREDENTIAL_VARIABLES = tuple(
 # redis-py would pass any other as a keyword to its connection (a TypeError for '?foo=bar') and
 # let '?socket_timeout=' override the timeouts the lease depends on.
 _URL_CREDENTIAL_OPTIONS = ("username", "password")
-_URL_SECRET_RE = re.compile(r"([?&](?:[^=&#]*password)=)[^&#]*", re.IGNORECASE)
 
 
 # Named tuples rather than dataclasses: as immutable and as typed, and created in a tenth of the
@@ -206,29 +207,6 @@ class Settings(NamedTuple):
 DEFAULTS = Settings()
 
 
-def redact_url(url: str) -> str:
-    """The URL with everything between ``://`` and its last ``@`` masked, the user name aside,
-    and the value of any ``password=`` in its query.
-
-    Done on the text, not on a parse: an unencoded '/', '#' or '?' in a password ends the
-    host part for ``urlsplit``, which would then find no credentials to hide.
-    """
-    url = _URL_SECRET_RE.sub(r"\1***", url)
-    scheme, sep, rest = url.partition("://")
-    userinfo, at, hostpart = rest.rpartition("@")
-    if not sep or not at:
-        return url
-    user = userinfo.partition(":")[0]
-    return f"{scheme}://{user + ':' if user else ''}***@{hostpart}"
-
-
-def url_has_password(url: str) -> bool:
-    try:
-        return bool(urlsplit(url).password) or _URL_SECRET_RE.search(url) is not None
-    except ValueError:
-        return False
-
-
 def task_environment(env: Mapping[str, str]) -> dict[str, str]:
     """The environment a task inherits: without the runner's Redis credentials, so that a task
     cannot use them to unlock, forget or re-fence another task's lease (docs/design.md)."""
@@ -285,9 +263,9 @@ def _redis(src: Source) -> RedisSettings:
         host, sep, port_s = item.strip().rpartition(":")
         if not sep or not host or not whole_number(port_s) or not 0 < int(port_s) < 65536:
             raise ConfigError(
-                f"{sentinels_origin} entry {item.strip()!r} is not valid: expected host:port[,host:port...]"
+                f"{sentinels_origin} entry {_entry(item)!r} is not valid: expected host:port[,host:port...]"
             )
-        _check_host(host.strip("[]"), f"{sentinels_origin} entry {item.strip()!r}")
+        _check_host(host.strip("[]"), f"{sentinels_origin} entry {_entry(item)!r}")
         sentinels.append((host, int(port_s)))
     master, _ = src.get("REDIS_SENTINEL_MASTER")
     sentinel_password = _secret(src, "REDIS_SENTINEL_PASSWORD")
@@ -306,9 +284,16 @@ def _redis(src: Source) -> RedisSettings:
         raise ConfigError(
             "CRON_RUNNER_REDIS_CLUSTER and CRON_RUNNER_REDIS_SENTINELS exclude each other: set one"
         )
+    # Credentials move to their own fields, so the URL is safe to show anywhere: in our
+    # messages, and in redis-py's (a socket path, a host), which we do not redact.
+    kept = _without_credentials(url)
+    if redact_url(kept) != kept:
+        raise ConfigError(
+            f"{origin}={redact_url(url)!r} holds text that would have to be hidden when shown (a "
+            f"space, a control character, a secret-like option): expected {form}"
+        )
     return RedisSettings(
-        # Credentials move to their own fields, so the URL is safe to show anywhere.
-        url=_without_credentials(url),
+        url=kept,
         username=username
         or (unquote(parts.username) if parts.username else options.get("username")),
         password=password
@@ -325,6 +310,12 @@ def _redis(src: Source) -> RedisSettings:
     )
 
 
+def _entry(item: str) -> str:
+    """A sentinel entry as it may be shown: one written as a URL may hold a password."""
+    item = item.strip()
+    return redact_url(item) if "@" in item or "://" in item else item
+
+
 def _check_url(parts: SplitResult, where: str, form: str) -> dict[str, str]:
     """Refuse what redis-py would misread or crash on; return the URL's credential options."""
     if parts.scheme not in ("redis", "rediss", "unix"):
@@ -339,11 +330,14 @@ def _check_url(parts: SplitResult, where: str, form: str) -> dict[str, str]:
         raise ConfigError(f"{where} has no host: expected {form}")
     if parts.scheme != "unix":
         _check_host(parts.hostname or "", where)
+    if parts.fragment:
+        # A Redis URL has none: most likely an unencoded '#' in a password.
+        raise ConfigError(f"{where} has a fragment ('#...'): expected {form}")
     if parts.scheme == "unix" and not parts.path:
         raise ConfigError(f"{where} has no socket path: expected {form}")
     db = parts.path.strip("/") if parts.scheme != "unix" else ""
     if db and not whole_number(db):
-        raise ConfigError(f"{where} has a bad database {db!r}: expected a number")
+        raise ConfigError(f"{where} has a bad database: expected a number (/0)")
     return _url_options(parts.query, where)
 
 
@@ -403,8 +397,17 @@ def _secret(src: Source, name: str) -> str | None:
     if value is not None:
         raise ConfigError(f"{origin} and {path_origin} are both set: set one")
     try:
-        with open(path, encoding="utf-8") as f:  # noqa: PTH123 - a path string from env
-            # Bounded: a path such as /dev/zero must not hold the start-up forever.
+        # A regular file (or a link to one) only: opening a FIFO waits for a writer, past
+        # the connect deadline, and reading a device or a terminal may never end.
+        if not stat.S_ISREG(os.stat(path).st_mode):  # noqa: PTH116 - a path string from env
+            raise ConfigError(
+                f"{path_origin}={path[:200]!r} is not a regular file: expected a file holding "
+                "the password (a mounted Secret's file, or a link to one)"
+            )
+        # O_NONBLOCK: should the path become a FIFO after the check, open still returns.
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+        with open(fd, encoding="utf-8") as f:  # noqa: PTH123 - a descriptor
+            # Bounded: the file may be huge.
             secret = f.read(_SECRET_FILE_MAX_CHARS + 1).rstrip("\r\n")
     except (OSError, UnicodeError, ValueError) as exc:
         raise ConfigError(
@@ -627,7 +630,7 @@ def _ping_url(src: Source) -> str | None:
         or any(c.isspace() or not c.isprintable() for c in value)
     ):
         raise ConfigError(
-            f"{origin}={redact_url(value)!r} is not valid: expected an http:// or https:// URL "
+            f"{origin}={redact_url(value, keep_path=False)!r} is not valid: expected an http:// or https:// URL "
             "with a host, no user:password@ and no spaces or control characters, "
             "e.g. https://hc-ping.com/UUID"
         )
@@ -651,7 +654,8 @@ def load_settings(
     """Flags are keyed like the variables without ``CRON_RUNNER_`` (e.g. ``{"LEASE_TTL": "5s"}``)."""
     src = Source(env, flags or {})
     modules_raw, _ = src.get("TASK_MODULES")
-    log_format_default = "text" if sys.stderr.isatty() else "json"
+    # None when fd 2 was closed at start (outside the CLI, which reopens it: runner/streams.py).
+    log_format_default = "text" if sys.stderr is not None and sys.stderr.isatty() else "json"
     settings = Settings(
         redis=_redis(src),
         lease=_lease(src),

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
+from typing import Any
 
 from runner.errors import ConfigError
 
@@ -45,14 +46,43 @@ def whole_number(text: str) -> bool:
     return text.isascii() and text.isdigit() and len(text) <= 9
 
 
-def setting_flags(args: object) -> dict[str, str | None]:
+#: Where main() leaves, on the parsed command line, the option each setting was given by.
+OPTIONS_ATTR = "_setting_options"
+
+
+class Flags(dict[str, "str | None"]):
+    """Setting flags keyed like the variables without ``CRON_RUNNER_``, and the option each is
+    spelled with (worker's ``--queues`` sets WORKER_QUEUES), so that an error names it."""
+
+    def __init__(self, values: Mapping[str, str | None], options: Mapping[str, str]) -> None:
+        super().__init__(values)
+        self.options = dict(options)
+
+
+def setting_options(parser: Any) -> dict[str, str]:
+    """The option of each setting flag in an ``argparse`` parser and its subcommands."""
+    found: dict[str, str] = {}
+    for action in parser._actions:
+        choices = getattr(action, "choices", None)
+        if isinstance(choices, Mapping):  # a subcommand's parsers
+            for sub in choices.values():
+                found.update(setting_options(sub))
+        if action.dest.startswith(FLAG_DEST_PREFIX) and action.option_strings:
+            found[action.dest.removeprefix(FLAG_DEST_PREFIX)] = action.option_strings[0]
+    return found
+
+
+def setting_flags(args: object) -> Flags:
     """The setting flags of a parsed command line (an ``argparse.Namespace``), keyed like the
     variables without ``CRON_RUNNER_`` (``{"LEASE_TTL": "5s"}``), as ``Source`` takes them."""
-    return {
-        k.removeprefix(FLAG_DEST_PREFIX): v
-        for k, v in vars(args).items()
-        if k.startswith(FLAG_DEST_PREFIX)
-    }
+    return Flags(
+        {
+            k.removeprefix(FLAG_DEST_PREFIX): v
+            for k, v in vars(args).items()
+            if k.startswith(FLAG_DEST_PREFIX)
+        },
+        getattr(args, OPTIONS_ATTR, {}),
+    )
 
 
 class Source:
@@ -66,7 +96,8 @@ class Source:
         """(value, origin) for ``name`` without the prefix, e.g. 'LEASE_TTL'."""
         flag = self.flags.get(name)
         if flag is not None:
-            return flag, "--" + name.lower().replace("_", "-")
+            options = getattr(self.flags, "options", {})
+            return flag, options.get(name) or "--" + name.lower().replace("_", "-")
         var = ENV_PREFIX + name
         value = self.env.get(var)
         if value is not None and value.strip() != "":
@@ -136,9 +167,10 @@ _LAST_S = 253_402_300_799  # 9999-12-31T23:59:59Z: past it no time can be shown
 
 
 def parse_time(value: str, origin: str) -> float:
-    """An instant as epoch seconds, from epoch seconds or ISO 8601 with Z or an offset, for the
-    flags that name one (pause --until, backfill --from/--to). A time without a zone is refused:
-    each server, and the operator's own host, would read it in its own zone."""
+    """An instant as epoch seconds, from epoch seconds or ISO 8601 with Z or an offset: the one
+    reading of every time a command takes (pause --until, backfill --from/--to, ack SLOT). A
+    time without a zone is refused: each server, and the operator's own host, would read it
+    in its own zone. From 0 (1970) to the end of the year 9999, both included."""
     from datetime import datetime  # noqa: PLC0415 - only the commands that take a time
 
     text = value.strip()

@@ -1,6 +1,6 @@
 """Queue mode: Dramatiq producers, workers and their bookkeeping (docs/design.md, Module map).
 
-``from runner.queue import Producer`` is the documented way to send (README, Queue mode); it
+``from runner.queue import Producer`` is the documented way to send (docs/queue.md); it
 resolves on first use, so importing any module of this package costs nothing more.
 """
 

@@ -25,16 +25,17 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import dramatiq
 from dramatiq.broker import MessageProxy
 from dramatiq.brokers.redis import RedisBroker
+from dramatiq.middleware import TimeLimitExceeded
 from redis.exceptions import RedisError
 
 from runner import clock
-from runner.config.settings import REPLACE, Settings
+from runner.config.settings import ALLOW_OTHER_SLOTS, REPLACE, Settings
 from runner.errors import Cancelled, CronRunnerError, LeaseNotOwned
 from runner.keys import TaskKeys
 from runner.lease import journal, store
 from runner.lease.journal import Fields
 from runner.lease.keeper import Keeper
-from runner.lease.scripts import AcquireResult, new_token
+from runner.lease.scripts import AcquireResult, holder_of, new_token, slot_of
 from runner.logs import RunLogger, keeper_logger, run_logger
 from runner.outcomes import (
     FAILED,
@@ -47,8 +48,16 @@ from runner.outcomes import (
     SKIPPED_HELD,
     exit_code,
 )
-from runner.queue import limits
-from runner.queue.jobs import JOB_MARKER_RETENTION_MS, Gate, JobKeys, JobLease, PutBack, Skip
+from runner.queue import attempts, limits
+from runner.queue.jobs import (
+    JOB_MARKER_RETENTION_MS,
+    Gate,
+    JobKeys,
+    JobLease,
+    PutBack,
+    Skip,
+    turn_later,
+)
 from runner.queue.options import JobPolicy, job_policy
 from runner.tasks import RunContext, TaskSpec, queue_options
 
@@ -57,6 +66,10 @@ if TYPE_CHECKING:
 
 T = TypeVar("T")
 REPLACED_REASON = "replaced by a run of a newer slot"
+TIME_LIMIT = "time limit"
+SHUTDOWN = "stopped for the worker's shutdown: put back on its queue"
+# The ``skipped`` field a slot that waits its turn writes on its marker before an acquire.
+WAITS_TURN = "waits_turn"
 
 
 @dataclass
@@ -211,8 +224,9 @@ class Actors:
             )
 
         gate = Gate(look, job.slot, wait_s=self._overlap_wait_s(job),
-                    held_wait_s=self.settings.lease.held_wait, stopping=self.runtime.stopping)  # fmt: skip
-        turn = gate.take()
+                    held_wait_s=self.settings.lease.held_wait, stopping=self.runtime.stopping,
+                    waits_turn=job.policy.wait_turn)  # fmt: skip
+        turn = self._not_its_turn(job, lease) or gate.take()
         if isinstance(turn, Skip):
             self._skipped(job, lease, turn)
             return
@@ -246,6 +260,34 @@ class Actors:
         finally:
             keeper.stop()
 
+    def _not_its_turn(self, job: _Job, lease: JobLease) -> PutBack | None:
+        """A slot that waits its turn, while another slot holds the lease: back on the queue.
+
+        The acquire script records a slot's skip once, when its marker has no ``skipped``
+        field yet: one is written here first, so that a held reply (another job took the
+        lease between this read and the acquire) records nothing, and the message goes back.
+        A skip that stands (superseded, paused) is then recorded by the worker (``_skipped``).
+        """
+        if not job.policy.wait_turn or job.slot is None:
+            return None
+        keys = lease.keys
+        marker = keys.slot(job.slot)
+
+        def read() -> list[Any]:
+            pipe = self.record_client.pipeline(transaction=False)
+            # HSET, not HSETNX: the minimal ACL has it (docs/reliability.md), and only the
+            # field's presence counts.
+            pipe.hset(marker, "skipped", WAITS_TURN)
+            pipe.pexpire(marker, JOB_MARKER_RETENTION_MS)
+            pipe.get(keys.lease)
+            pipe.pttl(keys.lease)
+            return list(pipe.execute())
+
+        *_, token, ttl_ms = self._store(read, "read the lease")
+        if job.policy.overlap == ALLOW_OTHER_SLOTS or token is None or slot_of(token) == job.slot:
+            return None  # free, or held for this very slot: the gate's usual wait
+        return turn_later(int(ttl_ms), holder_of(token))
+
     def _preempted(self, job: _Job, ctx: RunContext, exc: CronRunnerError) -> None:
         job.logger.warning(str(exc), extra={"event": "preempted"})
         ctx.cancel(REPLACED_REASON)
@@ -253,7 +295,9 @@ class Actors:
     def _skipped(self, job: _Job, lease: JobLease, skip: Skip) -> None:
         job.started_wall, job.started_mono = clock.wall(), clock.monotonic()
         self._log_finished(job, skip.outcome, skip.reason)
-        if skip.recorded or skip.outcome == SKIPPED_DONE:  # a done slot is not a run to record
+        # A done slot is not a run to record; a slot that waits its turn had its skip kept
+        # out of the script's record (_not_its_turn).
+        if (skip.recorded and not job.policy.wait_turn) or skip.outcome == SKIPPED_DONE:
             return
         record = self._record_fields(job, skip.outcome, 0, skip.reason)
         self._finish_quietly(job, lambda: lease.record(record, {}))
@@ -281,6 +325,30 @@ class Actors:
         self.runtime.attach(ctx)
         job.started_wall, job.started_mono = clock.wall(), clock.monotonic()
         job.logger.debug("start", extra={"event": "start"})
+        traced = self._begin_attempt(job, ctx)
+        try:
+            self._task(job, ctx, lease=lease, keeper=keeper)
+        finally:
+            if traced:  # this attempt's own record is written (or could not be)
+                attempts.safely(attempts.end, self.record_client, self._keys(job), job.message_id)
+
+    def _keys(self, job: _Job) -> TaskKeys:
+        return TaskKeys(self.settings.lease.prefix, self.settings.lease.scope, job.name)
+
+    def _begin_attempt(self, job: _Job, ctx: RunContext) -> bool:
+        """Leave this attempt's trace, recording the one before it if it left one (a worker
+        killed, or stopped at the end of its grace): runner.queue.attempts."""
+        if not job.message_id:
+            return False
+        trace = {"holder": ctx.holder, "fence": ctx.fencing_token, "slot": ctx.slot,
+                 "started_at": job.started_wall}  # fmt: skip
+        attempts.safely(attempts.begin, self.record_client, self._keys(job), job.message_id,
+                        trace, self.settings.lease.history_length)  # fmt: skip
+        return True
+
+    def _task(
+        self, job: _Job, ctx: RunContext, *, lease: JobLease | None, keeper: Keeper | None
+    ) -> None:
         try:
             job.spec.fn(ctx)
         except BaseException as exc:
@@ -291,14 +359,25 @@ class Actors:
             if isinstance(exc, Cancelled) and self.runtime.stopping.is_set() and job.message:
                 # Stopped for the shutdown: a copy goes back with the same retry count, then
                 # this one is acknowledged. A crash in between runs it twice, never zero times.
+                # The attempt is recorded as requeued (the state stays the last run's).
+                record = self._record_fields(job, REQUEUED, ctx.fencing_token, SHUTDOWN)
                 if lease is not None:
-                    self._finish_quietly(job, lambda: lease.release({}, {}))
+                    self._finish_quietly(job, lambda: lease.release(record, {}))
+                else:
+                    self._finish_quietly(job, lambda: journal.record_unleased(
+                        self.record_client, self._keys(job), record, {},
+                        runs_maxlen=self.settings.lease.history_length))  # fmt: skip
                 self.runtime.put_back(self.broker, job.message)
                 self.runtime.requeued += 1
-                self._log_finished(job, REQUEUED, None)
+                self._log_finished(job, REQUEUED, SHUTDOWN)
                 return
             if lease is not None and keeper is not None and keeper.is_lost():
                 self._lost(job, ctx, lease, error)
+            elif isinstance(exc, TimeLimitExceeded) or ctx.cancel_reason.startswith(TIME_LIMIT):
+                # Stopped at its limit, or later: when the call it was blocked in returned.
+                why = ctx.cancel_reason or TIME_LIMIT + " exceeded"
+                self._failed(job, ctx, lease, f"{why}: stopped after "
+                             f"{self._duration_ms(job) / 1000:.1f}s")  # fmt: skip
             elif isinstance(exc, Cancelled):
                 self._failed(job, ctx, lease, "cancelled")
             else:

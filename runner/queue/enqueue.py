@@ -20,7 +20,7 @@ from runner.keys import TaskKeys
 from runner.lease import store
 from runner.outcomes import ENQUEUED
 from runner.queue.messages import build_message, make_broker, message_id_for, send_once, sent_key
-from runner.queue.options import check_backoff, message_options, queue_of
+from runner.queue.options import WAIT_TURN, check_backoff, message_options, queue_of
 from runner.run.policy import overlap_wait_s
 from runner.run.targets import OnThread
 from runner.tasks import RunContext, TaskSpec
@@ -64,6 +64,9 @@ class EnqueueTarget(OnThread):
                       message_id=message_id_for(settings.lease.scope, spec.name, 0, 0),
                       limit_bytes=queue_settings.max_message_bytes,
                       options=self.options, name="x" * 63)  # fmt: skip
+        # A backfill's slots, and those of a run that catches up: the user asked for each, so
+        # a worker waits for its turn rather than skip it while another slot runs.
+        self.wait_turn = False
         self._sent = False
         self._exc: BaseException | None = None
         self._client: Any = None
@@ -77,6 +80,12 @@ class EnqueueTarget(OnThread):
         self._killed.clear()
         # In a copy of the caller's context, as a Python task: the run's task span is current.
         self._start_thread(self._run, ctx, name="enqueue")
+
+    def catching_up(self) -> None:
+        """The run sends earlier slots before its own (runner.run.execution): each of its
+        messages waits for its turn at the workers, as the slots run one after another in
+        run mode."""
+        self.wait_turn = True
 
     def cancel(self) -> None:
         """Nothing to ask politely: a send is short, and either happened or did not."""
@@ -120,7 +129,7 @@ class EnqueueTarget(OnThread):
             payload=ctx.payload,
             message_id=self.message_id,
             limit_bytes=self.qs.max_message_bytes,
-            options=self.options,
+            options={**self.options, WAIT_TURN: 1} if self.wait_turn else self.options,
             # The worker takes this name's lease around the job (runner.queue.jobs).
             name=ctx.task,
         )

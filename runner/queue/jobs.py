@@ -121,6 +121,9 @@ class Gate:
     held_wait_s: float
     stopping: threading.Event
     poll_s: float = POLL_S
+    # A slot the user asked for (backfilled, caught up): another slot's lease sends it back
+    # to its queue for later, never skips it.
+    waits_turn: bool = False
 
     def take(self) -> Turn:
         deadline: float | None = None
@@ -163,7 +166,8 @@ class Gate:
             return None
         # skip: another slot runs. The script recorded it once per slot (not for a token of
         # b170e33, which names no slot: it may be running this one).
-        return Skip(SKIPPED_HELD, _held(reply), True)
+        skip = Skip(SKIPPED_HELD, _held(reply), True)
+        return turn_later(reply.ttl_ms, reply.holder) if self.waits_turn else skip
 
     def _gave_up(self, reply: Held) -> Turn:
         if self.slot is not None:
@@ -172,6 +176,13 @@ class Gate:
             delay_ms = max(1000, reply.ttl_ms) + random.randint(0, 1000)
             return PutBack(delay_ms, f"slot {self.slot} is held by {reply.holder}")
         return Skip(SKIPPED_HELD, f"{_held(reply)}, past the wait of {self.held_wait_s:g}s", False)
+
+
+def turn_later(ttl_ms: int, holder: str) -> PutBack:
+    """A slot that waits its turn, behind another slot's run: back on the queue until about
+    when the lease would expire, at most 5 s, so that it follows the holder soon after."""
+    delay_ms = min(max(1000, ttl_ms), 5000) + random.randint(0, 500)
+    return PutBack(delay_ms, f"waiting for its turn: {holder} holds the lease")
 
 
 def _held(reply: Held) -> str:

@@ -1,5 +1,5 @@
 """The per-task rate limit of queue mode, shared by every worker: Dramatiq's own
-WindowRateLimiter on its Redis backend, on the workers' Redis (README, Queue mode;
+WindowRateLimiter on its Redis backend, on the workers' Redis (docs/queue.md;
 docs/design.md).
 
 A job over the limit is not failed (that would spend its retries and end in the dead-letter

@@ -58,10 +58,18 @@ def sent_key(keys: TaskKeys, message_id: str) -> str:
 _UNPACK = 4000
 
 
-def make_broker(client: Any, qs: QueueSettings, middleware: Sequence[Any] = ()) -> RedisBroker:
+def make_broker(
+    client: Any, qs: QueueSettings, middleware: Sequence[Any] = (), *, checked: bool = False
+) -> RedisBroker:
+    """``checked``: a worker's, which dead-letters a message it cannot run (runner.queue.checked)."""
     from dramatiq.brokers.redis import RedisBroker  # noqa: PLC0415 - queue mode only
 
-    return RedisBroker(
+    broker_class = RedisBroker
+    if checked:
+        from runner.queue.checked import CheckedBroker  # noqa: PLC0415
+
+        broker_class = CheckedBroker
+    return broker_class(
         client=client,
         namespace=qs.namespace,
         middleware=list(middleware),

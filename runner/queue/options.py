@@ -23,6 +23,9 @@ OVERLAP = "overlap"
 OVERLAP_WAIT_MS = "overlap_wait"
 RATE_LIMIT = "rate_limit"
 PAUSE_ON_FAILURES = "pause_on_failures"
+# A slot the user asked for (backfilled, or caught up): a worker waits for its turn at the
+# lease (the message goes back with a delay) instead of skipping it while another slot runs.
+WAIT_TURN = "wait_turn"
 
 
 def queue_of(spec: TaskSpec) -> str:
@@ -113,6 +116,7 @@ class JobPolicy(NamedTuple):
     overlap_wait_s: float | None = None
     rate_limit: RateLimit | None = None
     pause_on_failures: int = 0
+    wait_turn: bool = False
 
 
 def job_policy(options: Mapping[str, Any], spec: TaskSpec) -> JobPolicy:
@@ -135,4 +139,5 @@ def job_policy(options: Mapping[str, Any], spec: TaskSpec) -> JobPolicy:
         if rate is not None
         else queue_options(spec.fn).rate_limit,
         pause_on_failures=int(options.get(PAUSE_ON_FAILURES, 0)),
+        wait_turn=bool(options.get(WAIT_TURN)),
     )

@@ -1,4 +1,4 @@
-"""The producer: messages sent to the workers from Python code (README, Queue mode;
+"""The producer: messages sent to the workers from Python code (docs/queue.md;
 docs/design.md).
 
 Dramatiq is imported when the first message is built, not with this module. The client is

@@ -26,6 +26,7 @@ from __future__ import annotations
 import logging
 import os
 import threading
+import time
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any, NamedTuple
@@ -46,13 +47,16 @@ from runner.config.queue import (
 from runner.config.settings import Settings
 from runner.errors import EXIT_TERMINATED, ConfigError
 from runner.lease import store
-from runner.queue.actors import Actors
+from runner.queue import checked
+from runner.queue.actors import TIME_LIMIT, Actors
 from runner.queue.messages import make_broker
 from runner.queue.options import queue_of
 from runner.signals import Shutdown
 from runner.tasks import Registry, RunContext, TaskSpec
 
 log = logging.getLogger("runner.worker")
+#: How often the time limits of running jobs are checked.
+LIMIT_POLL_S = 0.1
 
 # KEYS: the dead-letter hash   ARGV: id, message. Only while it is still there (not purged).
 _REFRESH_DEAD = """
@@ -72,6 +76,13 @@ def cancel_after_s(grace_s: float) -> float:
 class _Running:
     message: MessageProxy
     ctx: RunContext | None = None
+    limit_s: float | None = None  # the job's time limit
+    deadline: float | None = None  # monotonic; None once passed (its context cancelled)
+
+
+def time_limit_reason(limit_s: float) -> str:
+    """What a job stopped by its time limit is told (ctx.cancel_reason) and records."""
+    return f"{TIME_LIMIT} of {limit_s:g}s exceeded"
 
 
 class Runtime(Middleware):
@@ -87,9 +98,19 @@ class Runtime(Middleware):
         self._putting_back = threading.local()
 
     # Dramatiq's hooks, on the worker threads.
+    def after_process_boot(self, broker: Broker) -> None:
+        threading.Thread(target=self._watch_limits, name="time-limits", daemon=True).start()
+
     def before_process_message(self, broker: Broker, message: MessageProxy) -> None:
+        # The limit as Dramatiq's TimeLimit reads it: the message's, else the actor's.
+        actor_limit = broker.get_actor(message.actor_name).options.get("time_limit")
+        limit_ms = message.options.get("time_limit") or actor_limit
+        item = _Running(message)
+        if limit_ms:
+            item.limit_s = limit_ms / 1000
+            item.deadline = time.monotonic() + item.limit_s
         with self.lock:
-            self.running[threading.get_ident()] = _Running(message)
+            self.running[threading.get_ident()] = item
 
     def after_process_message(
         self,
@@ -116,8 +137,14 @@ class Runtime(Middleware):
             )  # fmt: skip
 
     def before_nack(self, broker: Broker, message: MessageProxy) -> None:
+        error = message._exception  # Dramatiq's own record of why it failed
+        why = "retries exhausted"
+        if error is not None and "traceback" not in message.options:
+            # Failed without a run (a task this worker does not have): the reason is all there is.
+            why = f"{type(error).__name__}: {error}"
+            message.options["traceback"] = why
         log.error(
-            f"{message.actor_name}: retries exhausted; moved to the dead-letter queue "
+            f"{message.actor_name}: {why}; moved to the dead-letter queue "
             f"(cron-runner dlq list {message.actor_name})",
             extra={"event": "dead_lettered", "task": message.actor_name,
                    "message_id": message.message_id, "attempt": message.options.get("retries", 0),
@@ -163,6 +190,28 @@ class Runtime(Middleware):
             )  # fmt: skip
 
     # Ours.
+    def _watch_limits(self) -> None:
+        """At a job's time limit, cancel its context as well as Dramatiq's TimeLimit raises in
+        its thread: that exception only comes at the task's next Python instruction, while a
+        task waiting on its context (ctx.check(), ctx.cancelled.wait()) stops at once."""
+        while True:
+            time.sleep(LIMIT_POLL_S)
+            now = time.monotonic()
+            due: list[tuple[RunContext, float, MessageProxy]] = []
+            with self.lock:
+                for item in self.running.values():
+                    if item.deadline is not None and now >= item.deadline and item.ctx:
+                        item.deadline = None
+                        due.append((item.ctx, item.limit_s or 0.0, item.message))
+            for ctx, limit_s, message in due:
+                reason = time_limit_reason(limit_s)
+                ctx.cancel(reason)
+                ctx.logger.warning(
+                    f"{reason}: stopping it; a task blocked in a call (time.sleep, a socket "
+                    "read) stops only when that call returns",
+                    extra={"event": "time_limit", "message_id": message.message_id},
+                )
+
     def current(self) -> MessageProxy | None:
         """The message this worker thread runs."""
         with self.lock:
@@ -273,7 +322,8 @@ def build(
     )
     # No time limit unless a task sets one: a scheduled job's length is its own business.
     middleware = [runtime, TimeLimit(time_limit=float("inf")), retries, *_metrics_middleware(qs)]
-    broker = make_broker(client, qs, middleware)
+    checked.install()
+    broker = make_broker(client, qs, middleware, checked=True)
     actors = Actors(settings, broker, runtime, record_client)
     for spec, queue in served.actors:
         actors.declare(spec, queue)

@@ -52,12 +52,17 @@ class Tally(NamedTuple):
     left: int = 0  # not reached: the backfill stopped first
     exit_code: int = EXIT_OK
     stopped: str = ""  # why it stopped early
+    sent: int = 0  # queue mode: sent to the workers, which run them (or dead-letter them)
+    queued: bool = False  # queue mode (CRON_RUNNER_MODE=enqueue)
 
     def line(self, task: str, total: int) -> str:
-        text = (
-            f"backfill {task}: {total} slots: {self.ran} ran, {self.skipped} skipped (done), "
-            f"{self.failed} failed"
+        # In queue mode a slot's marker says that it was sent, not that it ran: say so.
+        done = (
+            f"{self.sent} sent to the workers, {self.skipped} skipped (already sent)"
+            if self.queued
+            else f"{self.ran} ran, {self.skipped} skipped (done)"
         )
+        text = f"backfill {task}: {total} slots: {done}, {self.failed} failed"
         if self.stopped:
             text += f"; stopped, {self.left} not run: {self.stopped}"
         return text
@@ -90,6 +95,7 @@ class Backfill:
         )
         self.keys = TaskKeys(settings.lease.prefix, settings.lease.scope, task_name)
         self.where = settings.redis.display_target
+        self.queued = target.outcome == ENQUEUED
 
     def run(self, slots: Sequence[int]) -> Tally:
         done = self._done(slots)
@@ -112,11 +118,17 @@ class Backfill:
                 # A pause stops it with 75 (try again later), as a lease held past the wait does.
                 code = result.exit_code or EXIT_LEASE_LOST
                 why = f"{result.outcome}: {result.reason or result.outcome}"
-                return Tally(ran, skipped, failed, len(slots) - i, code, why)
+                return self._tally(Tally(ran, skipped, failed, len(slots) - i, code, why))
             else:
                 failed += 1
                 first_failure = first_failure or result.exit_code
-        return Tally(ran, skipped, failed, 0, first_failure)
+        return self._tally(Tally(ran, skipped, failed, 0, first_failure))
+
+    def _tally(self, tally: Tally) -> Tally:
+        """In queue mode the slots done were sent, not run."""
+        if self.queued:
+            return tally._replace(ran=0, sent=tally.ran, queued=True)
+        return tally
 
     def _done(self, slots: Sequence[int]) -> set[int]:
         """The slots whose marker names a holder (the acquire script checks each again)."""

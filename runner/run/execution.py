@@ -32,7 +32,14 @@ from runner.errors import (
 from runner.keys import TaskKeys
 from runner.lease import journal
 from runner.lease.keeper import Keeper
-from runner.lease.scripts import Acquired, AcquireResult, Finished, Lease, new_token
+from runner.lease.scripts import (
+    Acquired,
+    AcquireResult,
+    Finished,
+    Lease,
+    new_token,
+    started_at_of,
+)
 from runner.lease.store import (
     open_connection,
     replicas_acknowledged,
@@ -204,7 +211,7 @@ class Execution:
             extra={"event": "start"},
         )
         if self.shutdown.requested:
-            return self._finish_log(RunResult.of(TERMINATED, "terminated before start"))
+            return self._finish_log(RunResult.of(TERMINATED, self._stopped_before_start()))
         stale = self.policy.before_connect(self.slot, self.started_wall) if not self.asked else None
         if stale is not None:
             return self._skip(stale)
@@ -218,6 +225,9 @@ class Execution:
             return self._skip(decided)
         self._catching_up = catchup.chosen(self.settings.slots.catchup, decided.unrun)
         return self._finish_log(self._hold(decided.fence))
+
+    def _stopped_before_start(self) -> str:
+        return f"stopped by {self.shutdown.name} before the task started"
 
     def _stopping(self) -> bool:
         return self.shutdown.requested
@@ -280,13 +290,12 @@ class Execution:
         self.observer.acquired(fence)
         self._wait_replicas()
         self.log.info("acquired", extra={"event": "acquired"})
+        self._record_taken_over()
         if self.shutdown.requested:
             # SIGTERM arrived while acquiring: give the lease back unused, the slot still open.
             with self.observer.phase("release"):
-                self._release(
-                    TERMINATED, exit_code(TERMINATED), "terminated before the task started"
-                )
-            return RunResult.of(TERMINATED, "terminated before start")
+                self._release(TERMINATED, exit_code(TERMINATED), self._stopped_before_start())
+            return RunResult.of(TERMINATED, self._stopped_before_start())
         ttl_s = self.settings.lease.ttl_s
         self.keeper = keeper = Keeper(
             self.lease,
@@ -300,6 +309,26 @@ class Execution:
             logger=keeper_logger(self.log),
         ).start()
         return self._run_task(keeper, fence)
+
+    def _record_taken_over(self) -> None:
+        """A run of this slot held the lease and vanished without a marker (killed with kill -9,
+        its node lost): this run took the lease over, and records that attempt as lost, from
+        what its lease left (its holder and when it started). One round trip, on this path only.
+        """
+        held = self.policy.taken_over
+        if held is None:
+            return
+        started = started_at_of(held.token)
+        record = journal.run_record(
+            slot=self.slot, holder=held.holder, fence=0, outcome=LEASE_LOST,
+            exit_code=exit_code(LEASE_LOST), started_at_s=started or clock.wall(), duration_ms=0,
+            error=f"this run ended without a record of its own (killed, or its node lost): its "
+            f"lease expired, and {self.settings.lease.holder} took the slot over",
+        )  # fmt: skip
+        try:
+            self.lease.record(record, {})
+        except (RedisError, FinishIncomplete) as exc:
+            self.log.warning(f"could not record the run: {exc}", extra={"event": "record_failed"})
 
     def _renewed(self) -> None:
         """On the keeper's thread: the command's supervisor may wait till the new expiry."""
@@ -334,6 +363,10 @@ class Execution:
             raise StoreUnavailable(reason)
 
     def _run_task(self, keeper: Keeper, fence: int) -> RunResult:
+        # An enqueue target sends each slot to the workers: there they wait their turn.
+        catching_up = getattr(self.target, "catching_up", None)
+        if self._catching_up and catching_up is not None:
+            catching_up()
         for slot in self._catching_up:
             ended = self._catch_up(keeper, fence, slot)
             if ended is not None:
@@ -388,10 +421,8 @@ class Execution:
         if self.shutdown.requested:
             keeper.stop()
             with self.observer.phase("release"):
-                self._release(
-                    TERMINATED, exit_code(TERMINATED), "terminated before the task started"
-                )
-            return RunResult.of(TERMINATED, "terminated before start")
+                self._release(TERMINATED, exit_code(TERMINATED), self._stopped_before_start())
+            return RunResult.of(TERMINATED, self._stopped_before_start())
         if keeper.is_lost():
             keeper.stop()
             with self.observer.phase("release"):
@@ -517,9 +548,13 @@ class Execution:
                 self._release_quietly(LEASE_LOST, exit_code(LEASE_LOST), keeper.lost_reason)
             return RunResult.of(LEASE_LOST, keeper.lost_reason)
         if stop_reason == TERMINATED:
+            stopped = f"stopped by {self.shutdown.name}"
             with self.observer.phase("release"):
-                self._release(TERMINATED, exit_code(TERMINATED), error)
-            return RunResult.of(TERMINATED, f"stopped by {self.shutdown.name}")
+                # The record names the signal that came; the task's own end follows.
+                self._release(
+                    TERMINATED, exit_code(TERMINATED), f"{stopped} ({error})" if error else stopped
+                )
+            return RunResult.of(TERMINATED, stopped)
         if stop_reason == REPLACED and keeper.preempted is not None:
             return self._complete(REPLACED, str(keeper.preempted))
         if code != 0:

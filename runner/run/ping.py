@@ -18,6 +18,8 @@ import time
 import uuid
 from urllib.parse import urlsplit, urlunsplit
 
+from runner.config.urls import redact_url
+
 log = logging.getLogger("runner.ping")
 
 
@@ -56,7 +58,7 @@ class Pinger:
 
         if after is not None:
             after.join(self.timeout_s)
-        shown = _redacted(url, suffix)
+        shown = redact_url(self.url, keep_path=False) + suffix
         request = urllib.request.Request(url, headers={"User-Agent": "cron-runner"})  # noqa: S310 - http(s) only, checked in settings
         try:
             with urllib.request.urlopen(request, timeout=self.timeout_s) as resp:  # noqa: S310
@@ -76,9 +78,3 @@ class Pinger:
                 f"ping: no answer within {self.timeout_s:g}s; the run did not wait longer",
                 extra={"event": "ping_timeout"},
             )
-
-
-def _redacted(url: str, suffix: str) -> str:
-    """The URL without its path: a Healthchecks UUID or ping key there is a credential."""
-    parts = urlsplit(url)
-    return urlunsplit((parts.scheme, parts.netloc.rpartition("@")[2], f"/...{suffix}", "", ""))

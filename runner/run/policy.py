@@ -121,6 +121,9 @@ class Policy:
     def __init__(self, settings: Settings, log: RunLogger) -> None:
         self.settings = settings
         self.log = log
+        # A run of this slot that held the lease and vanished without a marker (killed), from
+        # which this run took the lease over: its attempt is for this run to record.
+        self.taken_over: Held | None = None
 
     # -- before connecting ----------------------------------------------------------------
 
@@ -245,6 +248,8 @@ class Policy:
                 return HolderUnconfirmed(seen)
             got = look()
             if not isinstance(got, Held):
+                if isinstance(got, Acquired):
+                    self.taken_over = seen
                 return got  # taken over (the holder is gone, no marker), or done
             if got.slot != slot:
                 return got  # another slot's run: ours is not running, and cannot now

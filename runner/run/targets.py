@@ -189,13 +189,16 @@ class CommandTarget:
         # Its own process group, so that cancel and kill reach every process it starts,
         # and a terminal's Ctrl-C reaches only the runner, which then decides.
         try:
-            self.proc = subprocess.Popen(
-                # The hook makes one syscall and takes no lock, so the keeper thread is no hazard.
-                self.argv,
-                env=env,
-                process_group=0,
-                preexec_fn=_die_with_parent(prctl),  # noqa: PLW1509
-            )
+            try:
+                self.proc = self._popen(self.argv, env, prctl)
+            except OSError as exc:
+                if exc.errno != errno.ENOEXEC:
+                    raise
+                # A file with no #! line (an empty one too) is a shell script to execvp, and so
+                # to env(1), timeout(1), a shell and crontab: run it as they do, with /bin/sh.
+                self.proc = self._popen(
+                    ["/bin/sh", _found(self.argv[0], env.get("PATH")), *self.argv[1:]], env, prctl
+                )
         except OSError as exc:
             # A failed run like any other (released, recorded), with the codes of env(1).
             self._not_started = start_failure(self.argv[0], exc, env.get("PATH"))
@@ -216,6 +219,18 @@ class CommandTarget:
             self._pidfd = os.pidfd_open(self.proc.pid)
         except (AttributeError, OSError):
             self._pidfd = None
+
+    @staticmethod
+    def _popen(
+        argv: list[str], env: dict[str, str], prctl: Callable[..., int] | None
+    ) -> subprocess.Popen[bytes]:
+        return subprocess.Popen(
+            # The hook makes one syscall and takes no lock, so the keeper thread is no hazard.
+            argv,
+            env=env,
+            process_group=0,
+            preexec_fn=_die_with_parent(prctl),  # noqa: PLW1509
+        )
 
     def _begin_again(self) -> None:
         """Forget a previous start's process (catch-up runs one command per slot); the lease's
@@ -362,6 +377,14 @@ def start_failure(command: str, exc: OSError, path: str | None) -> tuple[int, st
             f"cannot execute {found}: its interpreter {_interpreter(found)!r} was not found"
         )
     return EXIT_CANNOT_EXECUTE, f"cannot execute {command}: {exc.strerror or exc}"
+
+
+def _found(command: str, path: str | None) -> str:
+    """The file execvp runs for ``command``: itself when it names a path, else the first
+    executable on PATH."""
+    import shutil  # noqa: PLC0415 - only on this rare path
+
+    return command if "/" in command else (shutil.which(command, path=path) or command)
 
 
 def _interpreter(path: str) -> str:

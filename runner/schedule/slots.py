@@ -276,7 +276,9 @@ class Schedule:
         """The fire times from ``start_s`` to ``end_s`` (both included), oldest first, at most
         ``limit`` of them: ask for one more than a range may hold to tell that it holds more."""
         fires: list[int] = []
-        t = math.ceil(_instant(start_s)) - 1
+        # The epoch itself is no slot (the first a schedule knows is after it): a range from 0
+        # starts there, where asking for the fire after -1 would be outside what it computes.
+        t = max(math.ceil(_instant(start_s)) - 1, 0)
         while len(fires) < limit:
             t = self.next_after(t)
             if t > end_s:

@@ -34,10 +34,9 @@ class Rendered:
         return found[0]
 
     def cronjobs(self) -> dict[str, Manifest]:
-        """CronJobs keyed by task name (their app.kubernetes.io/component label)."""
+        """CronJobs keyed by task name (their cron-runner.io/component label)."""
         return {
-            d["metadata"]["labels"]["app.kubernetes.io/component"]: d
-            for d in self.of_kind("CronJob")
+            d["metadata"]["labels"]["cron-runner.io/component"]: d for d in self.of_kind("CronJob")
         }
 
 
@@ -114,3 +113,19 @@ def render_with_api_versions(
         _native.call_string("helm_render", raw, json.dumps(values), json.dumps(opts))
     )
     return out
+
+
+def selects(selector: Manifest, labels: dict[str, str]) -> bool:
+    """Whether a LabelSelector (matchLabels, matchExpressions) matches ``labels``, as the API
+    server decides."""
+    if any(labels.get(k) != v for k, v in selector.get("matchLabels", {}).items()):
+        return False
+    for e in selector.get("matchExpressions", []):
+        key, op = e["key"], e["operator"]
+        if op == "In" and labels.get(key) not in e["values"]:
+            return False
+        if op == "NotIn" and key in labels and labels[key] in e["values"]:
+            return False
+        if (op == "Exists") != (key in labels) and op in ("Exists", "DoesNotExist"):
+            return False
+    return True

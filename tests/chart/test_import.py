@@ -15,7 +15,7 @@ import yaml
 from helm_python.chart import Chart
 
 from runner.errors import ConfigError
-from tests.chart.helpers import ROOT, Manifest, pod_spec, render
+from tests.chart.helpers import ROOT, Manifest, pod_spec, render, selects
 from tests.chart.test_matrix import KUBE_VERSIONS, schema_errors
 
 MANIFESTS = Path(__file__).parent / "cronjobs"
@@ -71,7 +71,9 @@ def expected(original: Manifest) -> Manifest:
     for key, value in K8S_DEFAULTS.items():
         spec.setdefault(key, value)
     job = spec["jobTemplate"]
-    job.pop("metadata", None)
+    job.setdefault("metadata", {}).pop("creationTimestamp", None)
+    if not job["metadata"]:
+        del job["metadata"]
     job["spec"].setdefault("backoffLimit", 6)
     template = job["spec"]["template"]
     template.setdefault("metadata", {}).pop("creationTimestamp", None)
@@ -84,6 +86,7 @@ def expected(original: Manifest) -> Manifest:
     pod.setdefault("automountServiceAccountToken", True)
     pod.setdefault("terminationGracePeriodSeconds", 30)
     pod.setdefault("securityContext", {})
+    pod.setdefault("enableServiceLinks", True)
     main = pod["containers"][0]
     for key in ("terminationMessagePath", "terminationMessagePolicy"):
         main.pop(key, None)
@@ -93,49 +96,79 @@ def expected(original: Manifest) -> Manifest:
     return cj
 
 
-def runner_removed(rendered: Manifest, original: Manifest, key: str) -> Manifest:
-    """The rendered CronJob with exactly what the runner adds taken out again, checking each."""
-    cj = copy.deepcopy(rendered)
+def changes_of(printed: str) -> dict[str, str]:
+    """The changes the header of `import`'s output lists, as one text per CronJob."""
+    header = [line[2:] for line in printed.splitlines() if line.startswith("#")]
+    listed: dict[str, str] = {}
+    name = ""
+    for line in header[
+        header.index("What the chart changes in each CronJob, and why; nothing else changes:") + 1 :
+    ]:
+        if not line:
+            break
+        if not line.startswith(" "):
+            name = line[:-1]
+            listed[name] = ""
+        else:
+            listed[name] += " " + line.strip()
+    return listed
+
+
+def without_chart_labels(labels: dict[str, str]) -> dict[str, str]:
+    return {k: v for k, v in labels.items() if not k.startswith("cron-runner.io/")}
+
+
+def labels_removed(cj: Manifest, original: Manifest, listed: str) -> None:
+    """The chart's own labels, and Helm's managed-by, taken off again: both listed."""
     meta = cj["metadata"]
     meta.pop("namespace")
+    assert "labels cron-runner.io/name, instance, component on the CronJob, Job template" in listed
+    assert "label app.kubernetes.io/managed-by: Helm on the CronJob" in listed
     own = original["metadata"].get("labels", {})
-    # The CronJob keeps its own labels, and gains the chart's (which may not replace them).
-    assert own.items() <= meta["labels"].items()
-    assert set(meta["labels"]) - set(own) <= {
-        "helm.sh/chart",
-        "app.kubernetes.io/name",
-        "app.kubernetes.io/instance",
-        "app.kubernetes.io/version",
-        "app.kubernetes.io/managed-by",
-        "app.kubernetes.io/component",
-    }
-    meta["labels"] = own
-    if not own:
+    labels = without_chart_labels(meta["labels"])
+    assert labels.pop("app.kubernetes.io/managed-by") == "Helm"
+    if "app.kubernetes.io/managed-by" in own:
+        labels["app.kubernetes.io/managed-by"] = own["app.kubernetes.io/managed-by"]
+    meta["labels"] = labels
+    if not labels:
         del meta["labels"]
     job = cj["spec"]["jobTemplate"]
-    job.pop("metadata")
+    job["metadata"]["labels"] = without_chart_labels(job["metadata"]["labels"])
+    if not job["metadata"]["labels"]:
+        del job["metadata"]["labels"]
+    if not job["metadata"]:
+        del job["metadata"]
     template = job["spec"]["template"]
-    pod_labels = (
-        original["spec"]["jobTemplate"]["spec"]["template"].get("metadata", {}).get("labels", {})
-    )
-    assert pod_labels.items() <= template["metadata"]["labels"].items()
+    pod_labels = without_chart_labels(template["metadata"]["labels"])
+    assert template["metadata"]["labels"]["cron-runner.io/inject"] == "initContainer"
     template["metadata"]["labels"] = pod_labels
-    if not template["metadata"]["labels"]:
+    if not pod_labels:
         del template["metadata"]["labels"]
+
+
+def runner_removed(rendered: Manifest, original: Manifest, key: str, listed: str) -> Manifest:
+    """The rendered CronJob with exactly the changes `import` listed taken out again, checking
+    that each was listed."""
+    cj = copy.deepcopy(rendered)
+    labels_removed(cj, original, listed)
+    job = cj["spec"]["jobTemplate"]
+    template = job["spec"]["template"]
     pod = template["spec"]
-    assert pod.pop("enableServiceLinks") is False
+    assert "init container cron-runner-inject and emptyDir volume cron-runner" in listed
     inject = pod["initContainers"].pop()
     assert inject["name"] == "cron-runner-inject"
     assert inject["command"] == ["cp", "-R", "/opt/cron-runner-bin/.", "/cron-runner/"]
     if not pod["initContainers"]:
         del pod["initContainers"]
-    pod["volumes"] = [v for v in pod["volumes"] if v["name"] not in ("tmp", "cron-runner")]
-    if not pod["volumes"]:
-        del pod["volumes"]
     main = pod["containers"][0]
     first = original["spec"]["jobTemplate"]["spec"]["template"]["spec"]["containers"][0]
-    assert main["name"] == "cron-runner"
-    main["name"] = first["name"]
+    assert main["name"] == first["name"], "the container keeps its name"
+    tmp = "an emptyDir at /tmp" in listed
+    chart_volumes = {"cron-runner", "tmp"} if tmp else {"cron-runner"}
+    pod["volumes"] = [v for v in pod["volumes"] if v["name"] not in chart_volumes]
+    if not pod["volumes"]:
+        del pod["volumes"]
+    assert f"container {first['name']}: its command runs under" in listed
     assert main.pop("command") == ["/cron-runner/cron-runner"]
     args = main.pop("args")
     assert args[:4] == ["exec", "--name", key, "--"]
@@ -143,6 +176,7 @@ def runner_removed(rendered: Manifest, original: Manifest, key: str) -> Manifest
     for field in ("command", "args"):
         if field in first:
             main[field] = first[field]
+    assert f"container {first['name']}: CRON_RUNNER_* environment variables" in listed
     env = [e for e in main["env"] if not e["name"].startswith("CRON_RUNNER_")]
     assert {e["name"] for e in main["env"]} - {e["name"] for e in env} >= {
         "CRON_RUNNER_JOB_NAME",
@@ -153,16 +187,23 @@ def runner_removed(rendered: Manifest, original: Manifest, key: str) -> Manifest
     assert len(main["env"]) == len(env)
     if not main["env"]:
         del main["env"]
-    main["volumeMounts"] = [
-        m for m in main["volumeMounts"] if m["name"] not in ("tmp", "cron-runner")
-    ]
+    main["volumeMounts"] = [m for m in main["volumeMounts"] if m["name"] not in chart_volumes]
     if not main["volumeMounts"]:
         del main["volumeMounts"]
     policy = job["spec"].get("podFailurePolicy")
-    for rule in (policy or {}).get("rules", []):
-        if "containerName" in rule.get("onExitCodes", {}):
-            assert rule["onExitCodes"]["containerName"] == "cron-runner"
-            rule["onExitCodes"]["containerName"] = first["name"]
+    own_policy = original["spec"]["jobTemplate"]["spec"].get("podFailurePolicy")
+    if policy != own_policy:
+        assert "podFailurePolicy: the runner's rules go before the Job's own" in listed
+        runner_rules = policy["rules"][:2]
+        assert runner_rules[0]["onExitCodes"] == {
+            "containerName": first["name"], "operator": "In", "values": [64, 78, 79, 126, 127],
+        }  # fmt: skip
+        rest = [r for r in policy["rules"][2:]]
+        assert rest == [r for r in (own_policy or {}).get("rules", []) if r not in runner_rules]
+        if own_policy:
+            job["spec"]["podFailurePolicy"] = own_policy
+        else:
+            del job["spec"]["podFailurePolicy"]
     return cj
 
 
@@ -176,15 +217,18 @@ def sort_volume_keys(cj: Manifest) -> Manifest:
 def test_the_render_is_the_original_but_for_what_the_runner_changes(
     chart: Chart, path: Path
 ) -> None:
-    values = imported(str(path))
+    done = run_import(str(path))
+    assert done.returncode == 0, done.stderr
+    values = yaml.safe_load(done.stdout)
+    listed = changes_of(done.stdout)
     rendered = render(chart, {**values, "redis": {"host": "redis"}}, namespace="shop")
     by_name = {d["metadata"]["name"]: d for d in rendered.of_kind("CronJob")}
-    docs = originals(path)
-    assert set(by_name) == {d["metadata"]["name"] for d in docs}
+    docs = [d for d in originals(path) if d["kind"] == "CronJob"]
+    assert set(by_name) == {d["metadata"]["name"] for d in docs} == set(listed)
     for original in docs:
         name = original["metadata"]["name"]
         key = next(k for k, t in values["tasks"].items() if t["cronJobName"] == name)
-        got = runner_removed(by_name[name], original, key)
+        got = runner_removed(by_name[name], original, key, listed[name])
         assert sort_volume_keys(got) == sort_volume_keys(expected(original))
         errors = [e for v in KUBE_VERSIONS for e in schema_errors(by_name[name], v)]
         assert errors == []
@@ -214,7 +258,7 @@ def test_the_app_image_user_and_environment_are_kept(chart: Chart) -> None:
 
 
 def test_stdin_several_documents_and_a_list(chart: Chart) -> None:
-    docs = [d for p in FILES for d in originals(p)]
+    docs = [d for p in FILES for d in originals(p) if d["kind"] == "CronJob"]
     as_list = yaml.safe_dump({"apiVersion": "v1", "kind": "List", "items": docs[:2]})
     rest = yaml.safe_dump_all(docs[2:])
     values = imported("-", stdin=as_list + "---\n" + rest)
@@ -294,14 +338,24 @@ BROKEN = [
         "CronJob broken.spec.schedule: required, but missing",
     ),
     (
-        "host network",
-        yaml.safe_dump(cronjob(hostNetwork=True)),
-        "CronJob broken.spec.jobTemplate.spec.template.spec.hostNetwork: the chart cannot carry",
+        "a Windows pod",
+        yaml.safe_dump(cronjob(os={"name": "windows"})),
+        "CronJob broken.spec.jobTemplate.spec.template.spec.os.name: 'windows': the runner runs",
     ),
     (
-        "a probe",
-        yaml.safe_dump(cronjob(container={"livenessProbe": {"exec": {"command": ["true"]}}})),
-        "template.spec.containers[0].livenessProbe: the chart cannot carry",
+        "several completions",
+        yaml.safe_dump(
+            cronjob()
+            | {
+                "spec": {
+                    "schedule": "* * * * *",
+                    "jobTemplate": {
+                        "spec": {"completions": 3, **cronjob()["spec"]["jobTemplate"]["spec"]}
+                    },
+                }
+            }
+        ),
+        "CronJob broken.spec.jobTemplate.spec.completions: the chart cannot carry",
     ),
     (
         "no containers",
@@ -317,9 +371,11 @@ BROKEN = [
         "template.spec.containers: empty",
     ),
     (
-        "a mount on /tmp",
-        yaml.safe_dump(cronjob(container={"volumeMounts": [{"name": "t", "mountPath": "/tmp"}]})),
-        "containers[0].volumeMounts[0].mountPath: '/tmp': the chart mounts its own volume there",
+        "a mount where the runner goes",
+        yaml.safe_dump(
+            cronjob(container={"volumeMounts": [{"name": "t", "mountPath": "/cron-runner"}]})
+        ),
+        "containers[0].volumeMounts[0].mountPath: '/cron-runner': the chart mounts its own",
     ),
     (
         "a volume named as the chart's",
@@ -327,7 +383,7 @@ BROKEN = [
         "template.spec.volumes[0].name: 'cron-runner' is the chart's own volume; rename it",
     ),
     (
-        "a pod label the chart selects on",
+        "a label under the chart's own prefix",
         yaml.safe_dump(
             cronjob()
             | {
@@ -336,7 +392,7 @@ BROKEN = [
                     "jobTemplate": {
                         "spec": {
                             "template": {
-                                "metadata": {"labels": {"app.kubernetes.io/name": "shop"}},
+                                "metadata": {"labels": {"cron-runner.io/component": "x"}},
                                 "spec": cronjob()["spec"]["jobTemplate"]["spec"]["template"][
                                     "spec"
                                 ],
@@ -346,7 +402,7 @@ BROKEN = [
                 }
             }
         ),
-        "template.metadata.labels.app.kubernetes.io/name: the chart's pods carry their own",
+        "template.metadata.labels.cron-runner.io/component: labels under cron-runner.io/ are",
     ),
     (
         "a short grace",
@@ -404,12 +460,118 @@ def test_an_unreadable_file_is_named() -> None:
     assert "cannot read /nonexistent/cronjob.yaml" in done.stderr
 
 
-def test_the_readme_shows_what_import_prints_for_its_php_example(chart: Chart) -> None:
-    example = "examples/adopt/laravel-invoices.yaml"
+def test_the_adoption_page_shows_what_import_prints_for_its_example(chart: Chart) -> None:
+    example = "examples/adopt/usage-report.yaml"
     printed = run_import(example).stdout
-    assert printed and f"```yaml\n{printed}```" in (ROOT / "README.md").read_text()
+    assert printed and f"```yaml\n{printed}```" in (ROOT / "docs/adoption.md").read_text()
     values = yaml.safe_load(printed)
     original = originals(ROOT / example)[0]
-    rendered = render(chart, {**values, "redis": {"host": "redis"}}, namespace="shop")
-    got = runner_removed(rendered.one("CronJob", "shop-invoices"), original, "shop-invoices")
+    rendered = render(chart, {**values, "redis": {"host": "redis"}}, namespace="billing")
+    listed = changes_of(printed)["usage-report"]
+    got = runner_removed(rendered.one("CronJob", "usage-report"), original, "usage-report", listed)
     assert sort_volume_keys(got) == sort_volume_keys(expected(original))
+
+
+def test_values_an_earlier_import_printed_still_render(chart: Chart) -> None:
+    values = yaml.safe_load(
+        (Path(__file__).parent / "previous/laravel-invoices-values.yaml").read_text()
+    )
+    rendered = render(chart, {**values, "redis": {"host": "redis"}}, namespace="shop")
+    cj = rendered.one("CronJob", "shop-invoices")
+    # The container the runner runs in is still named as then, and so is the one the failure
+    # policy names; the pod's labels are the chart's own and the app's.
+    main = pod_spec(cj)["containers"][0]
+    assert main["name"] == "cron-runner"
+    labels = cj["spec"]["jobTemplate"]["spec"]["template"]["metadata"]["labels"]
+    assert labels["cron-runner.io/component"] == "shop-invoices"
+    errors = [e for v in KUBE_VERSIONS for e in schema_errors(cj, v)]
+    assert errors == []
+
+
+# What a line of `--diff` may add or remove: the changes `import` lists, and nothing else.
+LISTED_IN_A_DIFF = (
+    "cron-runner.io/", "app.kubernetes.io/managed-by: Helm", "CRON_RUNNER_", "podFailurePolicy",
+    "cron-runner", "exec", "--name", "--", "fieldRef", "fieldPath", "valueFrom", "value:",
+    "- name:", "rules:", "action:", "onExitCodes", "containerName", "operator: In", "values:",
+    "onPodConditions", "status: 'True'", "type: DisruptionTarget", "- 64", "- 78", "- 79",
+    "- 126", "- 127", "args:", "command:", "env:", "initContainers:", "volumeMounts:",
+    "volumes:", "mountPath", "readOnly", "emptyDir", "sizeLimit", "image: ghcr.io/cron-runner",
+    "imagePullPolicy: IfNotPresent", "resources: {}", "securityContext:", "runAsUser: 10001",
+    "runAsGroup: 10001", "allowPrivilegeEscalation", "capabilities", "drop", "- ALL",
+    "readOnlyRootFilesystem: true", "runAsNonRoot: true", "seccompProfile", "type: RuntimeDefault",
+    "- cp", "- -R", "/opt/cron-runner-bin",
+)  # fmt: skip
+
+
+def test_diff_shows_the_original_next_to_the_render_with_only_the_listed_changes() -> None:
+    path = MANIFESTS / "shop-labels.yaml"
+    done = run_import("--diff", str(path))
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    assert lines[:2] == [
+        "--- CronJob shop-feed (original)",
+        "+++ CronJob shop-feed (rendered by the chart from the printed values)",
+    ]
+    changed = [line[1:].strip() for line in lines[2:] if line[:1] in "+-" and line[1:].strip()]
+    assert changed
+    for line in changed:
+        assert any(token in line for token in (*LISTED_IN_A_DIFF, "- shop-feed")), line
+    # The original command is still there, after the runner's `exec --name shop-feed --`.
+    assert "-          - command:" in lines
+    # What the app had stays: its labels, its container's name, its ports.
+    assert not [line for line in lines if line.startswith("-") and "app.kubernetes.io/name" in line]
+
+
+def test_diff_without_helms_engine_says_how_to_get_it() -> None:
+    blocked = (
+        "import sys; sys.modules['helm_python'] = None; from runner.cli.main import main; "
+        f"sys.exit(main(['import', '--diff', {str(MANIFESTS / 'shop-labels.yaml')!r}]))"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", blocked], capture_output=True, text=True, timeout=60, cwd=ROOT,
+        env={**os.environ, "CRON_RUNNER_LOG_FORMAT": "text"}, check=False,
+    )  # fmt: skip
+    assert done.returncode == ConfigError.exit_code, done.stderr
+    assert "pip install 'redis-cron-runner[import-diff]'" in done.stderr
+    assert "Traceback" not in done.stderr and done.stdout == ""
+
+
+def test_what_selects_the_pods_by_label_is_named_and_still_selects_them(chart: Chart) -> None:
+    path = MANIFESTS / "shop-labels.yaml"
+    done = run_import(str(path))
+    assert done.returncode == 0, done.stderr
+    for says in (
+        "NetworkPolicy shop-feed-egress selects pods by label and is not imported",
+        "PodMonitor shop-feed selects pods by label and is not imported",
+        "spec.affinity: pod (anti-)affinity selects pods by label",
+        "spec.topologySpreadConstraints: selects pods by label",
+    ):
+        assert says in done.stderr
+        assert says.split()[0] in done.stdout.split("\n# Check:\n")[1]
+    values = yaml.safe_load(done.stdout)
+    cj = render(chart, {**values, "redis": {"host": "redis"}}, namespace="shop").one("CronJob")
+    pod_labels = cj["spec"]["jobTemplate"]["spec"]["template"]["metadata"]["labels"]
+    for doc in originals(path)[1:]:
+        selector = doc["spec"].get("podSelector") or doc["spec"]["selector"]
+        assert selects(selector, pod_labels), doc["kind"]
+
+
+@pytest.mark.parametrize(
+    ("policy", "overlap"), [("Replace", "replace"), ("Allow", "allow-other-slots")]
+)
+def test_concurrency_policy_keeps_its_meaning_as_the_runners_overlap(
+    chart: Chart, policy: str, overlap: str
+) -> None:
+    manifest = cronjob()
+    manifest["spec"]["concurrencyPolicy"] = policy
+    done = run_import("-", stdin=yaml.safe_dump(manifest))
+    assert done.returncode == 0, done.stderr
+    assert f"overlap: {overlap}: what concurrencyPolicy {policy} does" in " ".join(
+        line.strip("# ") for line in done.stdout.splitlines()
+    )
+    values = yaml.safe_load(done.stdout)
+    assert values["tasks"]["broken"]["overlap"] == overlap
+    cj = render(chart, {**values, "redis": {"host": "redis"}}).one("CronJob")
+    assert cj["spec"]["concurrencyPolicy"] == policy
+    env = {e["name"]: e.get("value") for e in pod_spec(cj)["containers"][0]["env"]}
+    assert env["CRON_RUNNER_OVERLAP"] == overlap

@@ -9,7 +9,7 @@ import pytest
 from helm_python import HelmRenderError, HelmValuesError
 from helm_python.chart import Chart
 
-from tests.chart.helpers import ci_values, container, env_of, pod_spec, render
+from tests.chart.helpers import ci_values, container, env_of, pod_spec, render, selects
 from tests.chart.test_matrix import KUBE_VERSIONS, schema_errors
 
 REDIS = {"host": "redis"}
@@ -120,9 +120,13 @@ def test_every_pod_setting_per_task(chart: Chart) -> None:
     assert cj["metadata"]["name"] == "legacy-report"
     labels = cj["metadata"]["labels"]
     assert (labels["team"], labels["app.kubernetes.io/name"]) == ("payments", "shop")
-    # Helm and the chart find their objects by these: a task's labels do not replace them.
-    assert labels["app.kubernetes.io/instance"] == "cron-runner"
-    assert labels["app.kubernetes.io/component"] == "report"
+    # A task in its own image is the app's: its app.kubernetes.io/* labels are its own. The
+    # chart finds its objects by its own labels, which no task label replaces; Helm by managed-by.
+    assert labels["app.kubernetes.io/instance"] == "elsewhere"
+    assert "app.kubernetes.io/component" not in labels
+    assert labels["cron-runner.io/instance"] == "cron-runner"
+    assert labels["cron-runner.io/component"] == "report"
+    assert labels["app.kubernetes.io/managed-by"] == "Helm"
     assert cj["metadata"]["annotations"] == {"owner": "ops@example.com"}
     template = cj["spec"]["jobTemplate"]["spec"]["template"]
     assert template["metadata"]["labels"]["app"] == "shop"
@@ -206,3 +210,109 @@ def test_refused_by_the_template(schemaless: Chart, task: dict[str, Any], says: 
 def test_the_schema_refuses_an_unknown_inject_mode(chart: Chart) -> None:
     message = refused(chart, injected(runner={"inject": "sidecar"}, command=["x"]))
     assert "/tasks/report/runner/inject" in message
+
+
+def test_redis_secrets_are_readable_by_a_uid_that_neither_owns_them_nor_has_an_fs_group(
+    chart: Chart,
+) -> None:
+    """A distroless app (uid 65532, no fsGroup): the kubelet writes the secret files owned by
+    root, so only the mode lets the app's uid read its password, sentinel password and CA."""
+    distroless = {"runAsNonRoot": True, "runAsUser": 65532, "runAsGroup": 65532}
+    redis = {
+        "sentinel": {
+            "enabled": True,
+            "masterName": "primary",
+            "hosts": ["sentinel:26379"],
+            "existingSecret": "redis-sentinel",
+        },
+        "auth": {"existingSecret": "redis-credentials"},
+        "tls": {"enabled": True, "existingSecret": "redis-tls", "certKey": "tls.crt",
+                "keyKey": "tls.key"},
+    }  # fmt: skip
+    rendered = render(
+        chart,
+        {
+            "redis": redis,
+            "tasks": {"report": injected(command=["/app"], podSecurityContext=distroless)},
+        },
+    )
+    spec = pod_spec(rendered.cronjobs()["report"])
+    assert "fsGroup" not in spec["securityContext"]
+    modes = {v["name"]: v["secret"]["defaultMode"] for v in spec["volumes"] if "secret" in v}
+    assert set(modes) == {"redis-password", "redis-sentinel-password", "redis-tls"}
+    for name, mode in modes.items():
+        assert mode & 0o004, f"{name}: mode {mode:o} is not readable by other uids"
+        assert not mode & 0o222, f"{name}: mode {mode:o} is writable"
+
+
+@pytest.mark.parametrize("redis", [REDIS, {"bundled": {"enabled": True}}], ids=["own", "bundled"])
+def test_the_network_policy_leaves_an_injected_apps_traffic_alone_unless_asked(
+    chart: Chart, redis: dict[str, Any]
+) -> None:
+    """An app in its own image calls its database and APIs: the chart's egress policy, which
+    allows only DNS and Redis, must not select its pods unless networkPolicy.injectedTasks."""
+    tasks = {
+        "app": injected(command=["/app"], podLabels={"app.kubernetes.io/name": "shop"}),
+        "native": {"schedule": "0 2 * * *", "task": "report"},
+    }
+    for tighten in (False, True):
+        values = {"redis": redis, "tasks": tasks,
+                  "networkPolicy": {"enabled": True, "injectedTasks": tighten}}  # fmt: skip
+        rendered = render(chart, values, helm_install=True)
+        policy = rendered.one("NetworkPolicy", "cron-runner-tasks")
+        pods = {
+            name: cj["spec"]["jobTemplate"]["spec"]["template"]["metadata"]["labels"]
+            for name, cj in rendered.cronjobs().items()
+        }
+        assert selects(policy["spec"]["podSelector"], pods["native"])
+        assert selects(policy["spec"]["podSelector"], pods["app"]) is tighten
+        if "bundled" in redis:
+            # Either way, the injected task still reaches the bundled Redis.
+            (ingress,) = rendered.one("NetworkPolicy", "cron-runner-redis")["spec"]["ingress"]
+            (peer,) = ingress["from"]
+            assert selects(peer["podSelector"], pods["app"])
+            assert selects(peer["podSelector"], pods["native"])
+        errors = [e for d in rendered.docs for v in KUBE_VERSIONS for e in schema_errors(d, v)]
+        assert errors == []
+
+
+def test_the_runners_failure_rules_name_the_container_that_runs_it(chart: Chart) -> None:
+    """An injected task keeps the app's container name: the chart's rules for 64, 78, 79,
+    126 and 127 must name that container, or Kubernetes would never apply them."""
+    cj = one_task(chart, injected(command=["/app"], containerName="report"))
+    assert container_name(cj) == "report"
+    (rule,) = [r for r in cj["spec"]["jobTemplate"]["spec"]["podFailurePolicy"]["rules"]
+               if "onExitCodes" in r]  # fmt: skip
+    assert rule["onExitCodes"] == {
+        "containerName": "report", "operator": "In", "values": [64, 78, 79, 126, 127],
+    }  # fmt: skip
+    errors = [e for v in KUBE_VERSIONS for e in schema_errors(cj, v)]
+    assert errors == []
+
+
+def container_name(cj: dict[str, Any]) -> str:
+    name: str = pod_spec(cj)["containers"][0]["name"]
+    return name
+
+
+@pytest.mark.parametrize(
+    ("field", "extra"),
+    [("extraPodSpec", {"volumes": []}), ("extraContainerSpec", {"env": []})],
+)
+def test_an_extra_field_the_chart_writes_itself_is_refused(
+    chart: Chart, field: str, extra: dict[str, Any]
+) -> None:
+    with pytest.raises(HelmRenderError) as refused:
+        one_task(chart, injected(command=["/app"], **{field: extra}))
+    key = next(iter(extra))
+    assert f'task "report": {field}.{key}: the chart writes this field itself' in str(refused.value)
+
+
+def test_notes_name_a_host_namespace_carried_over_as_an_extra(chart: Chart) -> None:
+    values = {
+        "redis": REDIS,
+        "tasks": {"report": injected(command=["/app"], extraPodSpec={"hostNetwork": True})},
+    }
+    notes = render(chart, values).notes
+    assert "WARNING: task report loosens the chart's restricted security defaults" in notes
+    assert "extraPodSpec.hostNetwork: true" in notes

@@ -24,6 +24,7 @@ from tests.chart.helpers import (
     env_of,
     pod_spec,
     render,
+    selects,
 )
 from tests.chart.test_matrix import KUBE_VERSIONS, schema_errors
 
@@ -86,8 +87,11 @@ def test_one_cronjob_per_task_named_after_release_and_task(chart: Chart) -> None
             assert cj["metadata"]["name"] == (kept or f"{RELEASE}-{task}")
             assert cj["metadata"]["namespace"] == NAMESPACE
             pod_labels = cj["spec"]["jobTemplate"]["spec"]["template"]["metadata"]["labels"]
-            assert pod_labels["app.kubernetes.io/component"] == task
-            assert pod_labels["app.kubernetes.io/instance"] == RELEASE
+            assert pod_labels["cron-runner.io/component"] == task
+            assert pod_labels["cron-runner.io/instance"] == RELEASE
+            # `kubectl logs -l app.kubernetes.io/component=<task>` for a task in the runner's image.
+            if "cron-runner.io/inject" not in pod_labels:
+                assert pod_labels["app.kubernetes.io/component"] == task
 
 
 def test_defaults_forbid_overlap_and_fail_fast_on_config_errors(chart: Chart) -> None:
@@ -518,14 +522,21 @@ def test_bundled_redis(chart: Chart) -> None:
     assert secret_ref(env_of(c)["REDIS_PASSWORD"]) == (name, "password")
 
     svc = rendered.one("Service", name)
-    assert svc["spec"]["selector"] == sts["spec"]["selector"]["matchLabels"]
-    assert svc["spec"]["selector"]["app.kubernetes.io/component"] == "bundled-redis"
+    pod_labels = sts["spec"]["template"]["metadata"]["labels"]
+    # The Service selects by the chart's own labels; the StatefulSet keeps its first selector.
+    assert svc["spec"]["selector"].items() <= pod_labels.items()
+    assert svc["spec"]["selector"]["cron-runner.io/component"] == "bundled-redis"
+    assert sts["spec"]["selector"]["matchLabels"] == {
+        "app.kubernetes.io/name": "cron-runner",
+        "app.kubernetes.io/instance": RELEASE,
+        "app.kubernetes.io/component": "bundled-redis",
+    }
     assert svc["spec"]["type"] == "ClusterIP"
     # The StatefulSet's governing Service is headless, as the StatefulSet API expects.
     headless = rendered.one("Service", sts["spec"]["serviceName"])
     assert sts["spec"]["serviceName"] == f"{name}-headless"
     assert headless["spec"]["clusterIP"] == "None"
-    assert headless["spec"]["selector"] == sts["spec"]["selector"]["matchLabels"]
+    assert headless["spec"]["selector"] == svc["spec"]["selector"]
     errors = [e for doc in rendered.docs for v in KUBE_VERSIONS for e in schema_errors(doc, v)]
     assert errors == []
     for cj in rendered.of_kind("CronJob"):
@@ -574,7 +585,6 @@ def test_network_policy_for_bundled_redis(chart: Chart) -> None:
     tasks = rendered.one("NetworkPolicy", f"{RELEASE}-tasks")
     redis = rendered.one("NetworkPolicy", f"{RELEASE}-redis")
     sts = rendered.one("StatefulSet")
-    redis_labels = sts["spec"]["selector"]["matchLabels"]
 
     assert tasks["spec"]["policyTypes"] == ["Egress"]
     dns = _dns_rule(tasks)
@@ -585,23 +595,21 @@ def test_network_policy_for_bundled_redis(chart: Chart) -> None:
     to_redis = [
         r for r in tasks["spec"]["egress"] if r["ports"] == [{"port": 6379, "protocol": "TCP"}]
     ]
-    assert to_redis[0]["to"] == [{"podSelector": {"matchLabels": redis_labels}}]
+    (peer,) = to_redis[0]["to"]
+    assert selects(peer["podSelector"], sts["spec"]["template"]["metadata"]["labels"])
     assert {"port": 5432, "protocol": "TCP"} in tasks["spec"]["egress"][-1]["ports"]
 
-    assert redis["spec"]["podSelector"]["matchLabels"] == redis_labels
+    assert selects(redis["spec"]["podSelector"], sts["spec"]["template"]["metadata"]["labels"])
     (ingress,) = redis["spec"]["ingress"]
     (peer,) = ingress["from"]
     assert ingress["ports"] == [{"port": 6379, "protocol": "TCP"}]
     assert peer["podSelector"]["matchExpressions"] == [
-        {"key": "app.kubernetes.io/component", "operator": "NotIn", "values": ["bundled-redis"]}
+        {"key": "cron-runner.io/component", "operator": "NotIn", "values": ["bundled-redis"]}
     ]
 
     # The policies select what they mean to: every task and the test Pod, never Redis.
     def selected(policy: Manifest, labels: dict[str, str]) -> bool:
-        sel = policy["spec"]["podSelector"]
-        if any(labels.get(k) != v for k, v in sel["matchLabels"].items()):
-            return False
-        return all(labels.get(e["key"]) not in e["values"] for e in sel.get("matchExpressions", []))
+        return selects(policy["spec"]["podSelector"], labels)
 
     for cj in rendered.of_kind("CronJob"):
         labels = cj["spec"]["jobTemplate"]["spec"]["template"]["metadata"]["labels"]
@@ -686,3 +694,28 @@ def test_notes_print_the_per_scope_acl_rule_that_is_tested(chart: Chart) -> None
     assert "~jobs:{billing:* " in render(chart, values).notes
     values["runner"] = {"scope": "shared"}
     assert "~cron-runner:{shared:* " in render(chart, values).notes
+
+
+def test_selectors_that_cannot_change_stay_as_the_first_release_wrote_them(chart: Chart) -> None:
+    """The API server refuses a new Deployment or StatefulSet selector, or volumeClaimTemplate,
+    on `helm upgrade`: the chart's own cron-runner.io/* labels are on the pods, never in them."""
+    values = ci_values("09-queue-bundled-redis-values.yaml")
+    values["serve"] = {"enabled": True}
+    rendered = render(chart, values, helm_install=True)
+    base = {"app.kubernetes.io/name": "cron-runner", "app.kubernetes.io/instance": RELEASE}
+    selectors = {
+        f"{d['kind']}/{d['metadata']['name']}": d["spec"]["selector"]["matchLabels"]
+        for d in rendered.of_kind("Deployment") + rendered.of_kind("StatefulSet")
+    }
+    assert selectors == {
+        f"Deployment/{RELEASE}-serve": {**base, "app.kubernetes.io/component": "serve"},
+        **{
+            f"Deployment/{RELEASE}-worker-{group}": {
+                **base, "app.kubernetes.io/component": "worker", "cron-runner/worker-group": group,
+            }
+            for group in ("default", "standby")
+        },
+        f"StatefulSet/{RELEASE}-redis": {**base, "app.kubernetes.io/component": "bundled-redis"},
+    }  # fmt: skip
+    (claim,) = rendered.one("StatefulSet")["spec"]["volumeClaimTemplates"]
+    assert claim["metadata"]["labels"] == {**base, "app.kubernetes.io/component": "bundled-redis"}

@@ -19,6 +19,7 @@ from helm_python.chart import Chart, lint
 from tests.chart.helpers import (
     CHART_DIR,
     NAMESPACE,
+    RELEASE,
     Manifest,
     ci_values,
     container,
@@ -72,7 +73,15 @@ def test_deployment_service_and_dashboard(chart: Chart) -> None:
     assert env["CRON_RUNNER_SCOPE"]["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.namespace"
     assert "CRON_RUNNER_REDIS_URL" in env
     service = rendered.one("Service", SERVE)
-    assert service["spec"]["selector"] == deployment["spec"]["selector"]["matchLabels"]
+    pod_labels = deployment["spec"]["template"]["metadata"]["labels"]
+    # The Service selects by the chart's own labels; the Deployment keeps its first selector.
+    assert service["spec"]["selector"].items() <= pod_labels.items()
+    assert service["spec"]["selector"]["cron-runner.io/component"] == "serve"
+    assert deployment["spec"]["selector"]["matchLabels"] == {
+        "app.kubernetes.io/name": "cron-runner",
+        "app.kubernetes.io/instance": RELEASE,
+        "app.kubernetes.io/component": "serve",
+    }
     assert pod_spec(deployment)["containers"][0]["ports"][0]["containerPort"] == 8080
     # The CRD kinds stay off unless asked: without the operator they would fail the install.
     assert not [d for d in rendered.docs if d["kind"] in CRD_KINDS]

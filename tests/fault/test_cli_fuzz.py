@@ -12,7 +12,9 @@ import contextlib
 import io
 import logging
 import os
+import subprocess
 from collections.abc import Iterator
+from typing import Any, ClassVar
 
 import pytest
 from hypothesis import HealthCheck, example, given, settings
@@ -20,11 +22,12 @@ from hypothesis import strategies as st
 
 from runner.cli import main as cli
 from runner.testing import RedisServer
-from tests.fault.test_hostile_input import EDGES, VARIABLES
-from tests.helpers.proc import ROOT
+from tests.fault.test_hostile_input import EDGES
+from tests.helpers.proc import CRON_RUNNER, ROOT, runner_env
 
-# The positional arguments each command needs; flags are added before them.
-COMMANDS: dict[tuple[str, ...], tuple[str, ...]] = {
+# The positional arguments each command needs; flags are added before them. Which commands
+# and flags exist is read from the parser (test_every_command_is_fuzzed fails on a new one).
+POSITIONALS: dict[tuple[str, ...], tuple[str, ...]] = {
     ("run",): ("ok",),
     ("exec",): ("--name", "fuzzed", "--", "true"),
     ("tasks",): (),
@@ -33,20 +36,81 @@ COMMANDS: dict[tuple[str, ...], tuple[str, ...]] = {
     ("history",): ("ok",),
     ("unlock",): ("ok", "--force"),
     ("forget",): ("fuzzed", "--force"),
+    ("redefine",): ("fuzzed", "--force"),
     ("watchdog",): (),
+    ("ack",): ("ok", "--all"),
     ("pause",): ("ok",),
     ("resume",): ("ok",),
+    ("trigger",): ("ok",),
+    ("backfill",): ("--name", "fuzzed", "--schedule", "0 0 1 1 *", "--from",
+                    "2026-01-01T00:00:00Z", "--to", "2026-01-01T00:00:00Z", "--force", "--",
+                    "true"),
+    ("import",): (str(ROOT / "tests" / "chart" / "cronjobs" / "db-backup.yaml"),),
     ("dlq", "list"): ("ok",),
+    ("dlq", "show"): ("ok", "1-0"),
+    ("dlq", "retry"): ("ok", "--all"),
     ("dlq", "purge"): ("ok", "--all"),
-}
-# Exit 1 is an answer of these, not an error: a task overdue, a lease held by someone else.
-ONE_IS_AN_ANSWER = {("watchdog",), ("unlock",), ("forget",)}
+}  # fmt: skip
+# They run until stopped: their flags are fuzzed in a subprocess, by a table
+# (test_long_running_commands_refuse_a_bad_flag_naming_it).
+LONG_RUNNING = {("worker",), ("serve",)}
+# Exit 1 is an answer of these, not an error: a task overdue, a lease held by someone else, a
+# slot not in the ledger, a DLQ message not found, a check failed.
+ONE_IS_AN_ANSWER = {("watchdog",), ("unlock",), ("forget",), ("redefine",), ("ack",), ("check",),
+                    ("dlq", "show"), ("dlq", "retry"), ("dlq", "purge")}  # fmt: skip
 # Values that could make one example wait for long (a distant deadline against an address
 # that never answers, a WAIT for replicas there are none of) are fuzzed by test_hostile_input's
 # settings pass, which does no I/O.
 SLOW_VARIABLES = {"REDIS_URL", "REDIS_SENTINELS", "REDIS_MIN_REPLICAS", "REDIS_CLUSTER",
-                  "CONNECT_TIMEOUT", "SHUTDOWN_GRACE"}  # fmt: skip
-SLOW_FLAGS = {"--redis-url", "--connect-timeout", "--shutdown-grace", "--name"}
+                  "CONNECT_TIMEOUT", "SHUTDOWN_GRACE", "PING_URL", "PING_TIMEOUT",
+                  "TELEMETRY_FLUSH_TIMEOUT", "HELD_WAIT", "OVERLAP_WAIT"}  # fmt: skip
+SLOW_FLAGS = {"--redis-url", "--connect-timeout", "--shutdown-grace", "--name", "--wait",
+              "--ping-url", "--ping-timeout", "--held-wait", "--overlap-wait"}  # fmt: skip
+# Set by the runner for the task, not read from the runner's own environment.
+FOR_THE_TASK = {"TASK", "FENCING_TOKEN", "SLOT"}
+
+
+def _commands(parser: argparse.ArgumentParser, path: tuple[str, ...] = ()) -> list[tuple[str, ...]]:
+    subs = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+    if not subs:
+        return [path]
+    return [c for name, p in subs[0].choices.items() for c in _commands(p, (*path, name))]
+
+
+def _variables() -> list[str]:
+    """Every CRON_RUNNER_* name the runner's code spells out, and every one the settings
+    loaders look up (read through a mapping that records the names asked for)."""
+    import re  # noqa: PLC0415
+
+    from runner.config.queue import load_queue_settings  # noqa: PLC0415
+    from runner.config.settings import load_settings  # noqa: PLC0415
+
+    class Recorder(dict[str, str]):
+        asked: ClassVar[set[str]] = set()
+
+        def get(self, key: str, default: Any = None) -> Any:
+            self.asked.add(key)
+            return super().get(key, default)
+
+        def __contains__(self, key: object) -> bool:
+            self.asked.add(str(key))
+            return super().__contains__(key)
+
+        def __getitem__(self, key: str) -> str:
+            self.asked.add(key)
+            return super().__getitem__(key)
+
+    env = Recorder()
+    load_queue_settings(load_settings(env), env)
+    names = {k for k in Recorder.asked if k.startswith("CRON_RUNNER_")}
+    for path in (ROOT / "runner").rglob("*.py"):
+        names |= set(re.findall(r"CRON_RUNNER_([A-Z][A-Z0-9_]*[A-Z0-9])", path.read_text()))
+        names |= {f"CRON_RUNNER_{n}" for n in
+                  re.findall(r"\b(?:src|source)\.\w+\(\s*\"([A-Z][A-Z0-9_]*)\"", path.read_text())}  # fmt: skip
+    return sorted({n.removeprefix("CRON_RUNNER_") for n in names} - FOR_THE_TASK)
+
+
+VARIABLES = _variables()
 
 # Arabic-Indic, fullwidth and Devanagari digits, a superscript, a huge number, controls.
 NASTY = ["\u0661\u0662", "\uff13\uff10s", "\u0967\u0966m", "\u00b2", "9" * 30, "1e308", "-0",
@@ -77,7 +141,13 @@ def _flags(command: tuple[str, ...]) -> list[tuple[str, bool]]:
     return out
 
 
+COMMANDS = [c for c in _commands(cli.build_parser(None)) if c not in LONG_RUNNING]
 FLAGS = {command: _flags(command) for command in COMMANDS}
+
+
+def test_every_command_is_fuzzed() -> None:
+    assert set(_commands(cli.build_parser(None))) == set(POSITIONALS) | LONG_RUNNING
+    assert {"LEASE_TTL", "REDIS_PASSWORD_FILE", "SERVE_PORT", "WORKER_THREADS"} <= set(VARIABLES)
 
 
 @pytest.fixture(scope="module")
@@ -93,6 +163,7 @@ def _isolated(env: dict[str, str]) -> Iterator[tuple[io.StringIO, io.StringIO]]:
     saved_env, root = dict(os.environ), logging.getLogger()
     saved_handlers, saved_level = root.handlers[:], root.level
     out, err = io.StringIO(), io.StringIO()
+    root.handlers[:] = []  # main() then logs its error line to err, as to a terminal
     os.environ.clear()
     os.environ.update(env)
     try:
@@ -111,7 +182,7 @@ def invocations(draw: st.DrawFn) -> tuple[tuple[str, ...], list[str], dict[str, 
     argv = list(command)
     for flag, takes_value in draw(st.lists(st.sampled_from(flags), max_size=3)) if flags else []:
         argv += [flag, draw(values)] if takes_value else [flag]
-    argv += COMMANDS[command]
+    argv += POSITIONALS[command]
     env = draw(st.dictionaries(
         st.sampled_from([v for v in VARIABLES if v not in SLOW_VARIABLES]),
         values.filter(lambda v: "\x00" not in v),  # no process environment can hold a NUL
@@ -143,9 +214,60 @@ def test_no_flag_or_variable_value_gets_a_traceback_or_exit_1(
                CRON_RUNNER_TASK_MODULES="tests.sample_tasks", CRON_RUNNER_LOG_FORMAT="json",
                PYTHONPATH=str(ROOT))  # fmt: skip
     env.update(fuzzed)
-    with _isolated(env) as (_, err):
+    with _isolated(env) as (out, err):
         code = cli.main(argv)
     assert isinstance(code, int)
-    assert "Traceback" not in err.getvalue(), (argv, err.getvalue()[-2000:])
+    text = out.getvalue() + err.getvalue()
+    assert "Traceback" not in err.getvalue(), (argv, text[-2000:])
     if code == 1 and command not in ONE_IS_AN_ANSWER:
-        pytest.fail(f"exit 1 for {argv} {fuzzed}: {err.getvalue()[-1000:]}")
+        pytest.fail(f"exit 1 for {argv} {fuzzed}: {text[-1000:]}")
+    # 69: Redis did not answer within the (short) connect deadline, on a loaded machine.
+    assert code in (0, 1, 64, 69, 78), (argv, fuzzed, code, text[-1000:])
+    standard = argv[len(argv) - len(POSITIONALS[command]) :] == list(POSITIONALS[command])
+    if code in (64, 78) and standard:
+        # A refusal names what it refuses: a flag given (by any of its names) or a variable set.
+        aliases = _aliases(command)
+        given_flags = argv[len(command) : len(argv) - len(POSITIONALS[command])]
+        names = {n for token in given_flags for n in aliases.get(token, ())} | set(fuzzed)
+        assert any(n in text for n in names), (argv, fuzzed, text[-1000:])
+
+
+def _aliases(command: tuple[str, ...]) -> dict[str, tuple[str, ...]]:
+    return {
+        name: tuple(action.option_strings)
+        for action in _parser_for(command)._actions
+        for name in action.option_strings
+    }
+
+
+# The base command line of each long-running command: each fuzzed flag is put before it, so
+# the base's own value of that flag is the one argparse keeps... after it: the fuzzed one wins.
+LONG_BASE: dict[tuple[str, ...], list[str]] = {
+    ("serve",): ["serve", "--host", "127.0.0.1", "--port", "0"],
+    ("worker",): ["worker", "--processes", "1", "--threads", "1"],
+}
+LONG_VALUES = ["\u0661\u0662", "9" * 30, "a\x1bb"]
+
+
+@pytest.mark.parametrize("value", LONG_VALUES, ids=["digits", "huge", "control"])
+@pytest.mark.parametrize(
+    ("command", "flag"),
+    [(c, f) for c in sorted(LONG_RUNNING) for f, takes in _flags(c) if takes],
+)
+def test_long_running_commands_refuse_a_bad_flag_naming_it(
+    redis_server: RedisServer, command: tuple[str, ...], flag: str, value: str
+) -> None:
+    """Refused at once (64 or 78, naming the flag), or taken: still running after 3 s."""
+    env = runner_env(redis_server.url, CRON_RUNNER_TASK_MODULES="tests.queue.queue_tasks")
+    proc = subprocess.Popen([CRON_RUNNER, *LONG_BASE[command], flag, value], env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
+    try:
+        out, err = proc.communicate(timeout=3)
+    except subprocess.TimeoutExpired:
+        proc.terminate()
+        out, err = proc.communicate(timeout=60)
+        assert "Traceback" not in err, err[-2000:]
+        return
+    assert "Traceback" not in err, err[-2000:]
+    assert proc.returncode in (64, 78), (flag, value, proc.returncode, err[-1000:])
+    assert any(name in out + err for name in _aliases(command)[flag]), err[-1000:]

@@ -13,6 +13,7 @@ import pytest
 import redis
 
 from runner.errors import Terminated
+from runner.run.supervisor import children
 from runner.testing import RedisServer
 from tests.helpers.proc import (
     CRON_RUNNER,
@@ -21,6 +22,7 @@ from tests.helpers.proc import (
     events,
     outcome,
     runner_env,
+    side_effects,
     spawn,
     spawn_started,
 )
@@ -219,21 +221,101 @@ def test_a_python_task_keeps_its_subprocess_codes_under_a_pid_1_runner(
     assert line.split()[0] == "codes:7,5,3"
 
 
-@pytest.mark.parametrize("sig", ["SIGHUP", "SIGQUIT", "SIGUSR1", "SIGUSR2"])
-def test_other_stop_signals_stop_the_command_and_release_like_sigterm(
-    redis_server: RedisServer, r: redis.Redis, tmp_path: Path, sig: str
-) -> None:
-    # Left at their defaults these killed the runner alone (exit 129, 131, 138, 140): the
-    # command ran on, orphaned, and the lease stayed held until its TTL.
-    env = runner_env(redis_server.url, CRON_RUNNER_SHUTDOWN_GRACE="2s")
-    proc, child_pgid = _shell("sig", "echo $$ > {pidfile}; sleep 60 & wait", env, tmp_path)
-    stderr = _stopped(proc, getattr(signal, sig))
-    assert proc.returncode == Terminated.exit_code, stderr
+def _signal_name(signum: int) -> str:
+    try:
+        return signal.Signals(signum).name
+    except ValueError:
+        return f"SIGRTMIN+{signum - signal.SIGRTMIN}"
+
+
+# signal(7): the signals whose default action does not end the process (ignore, stop,
+# continue), those that cannot be caught, those Python ignores from the start and the runner
+# keeps so (PIPE, XFSZ), and the processor's faults, which a handler cannot recover from.
+NOT_STOPPING = {
+    "SIGKILL", "SIGSTOP", "SIGCHLD", "SIGCONT", "SIGURG", "SIGWINCH", "SIGTSTP", "SIGTTIN",
+    "SIGTTOU", "SIGPIPE", "SIGXFSZ", "SIGSEGV", "SIGBUS", "SIGFPE", "SIGILL",
+}  # fmt: skip
+# Every other signal this system has would end the runner at once: each must stop the run as
+# SIGTERM does. The real-time signals included.
+STOPPING = {
+    name: int(sig)
+    for sig in sorted(signal.valid_signals())
+    if (name := _signal_name(sig)) not in NOT_STOPPING
+}
+# Kept as they were: ignored while a run goes on.
+KEPT = ("SIGPIPE", "SIGXFSZ", "SIGWINCH", "SIGCHLD", "SIGURG", "SIGCONT")
+
+
+def _stopped_like_sigterm(stderr: str, code: int, r: redis.Redis, name: str, sig: str) -> None:
+    assert code == Terminated.exit_code, stderr
     assert outcome(stderr) == "terminated"
     assert "Traceback" not in stderr
     assert "released" in [e.get("event") for e in events(stderr)]
     assert f"stopped by {sig}" in stderr
-    assert r.get(LEASE % "sig") is None
-    assert not _group_alive(child_pgid)
-    (entry,) = r.xrange("cron-runner:{default:sig}:runs")  # type: ignore[misc]
+    assert r.get(LEASE % name) is None
+    (entry,) = r.xrange(f"cron-runner:{{default:{name}}}:runs")  # type: ignore[misc]
     assert entry[1]["outcome"] == "terminated"
+    assert entry[1]["error"].startswith(f"stopped by {sig}"), entry
+
+
+@pytest.mark.parametrize("sig", list(STOPPING))
+def test_every_signal_that_would_end_the_runner_stops_the_run_like_sigterm(
+    redis_server: RedisServer, r: redis.Redis, tmp_path: Path, sig: str
+) -> None:
+    # Left at their defaults these killed the runner alone (exit 128 + N): the command ran on,
+    # orphaned, nothing was recorded, and the lease stayed held until its TTL.
+    env = runner_env(redis_server.url, CRON_RUNNER_SHUTDOWN_GRACE="2s")
+    proc, child_pgid = _shell("sig", "echo $$ > {pidfile}; sleep 60 & wait", env, tmp_path)
+    stderr = _stopped(proc, STOPPING[sig])
+    _stopped_like_sigterm(stderr, proc.returncode, r, "sig", sig)
+    assert not _group_alive(child_pgid)
+
+
+@pytest.mark.parametrize("sig", KEPT)
+def test_signals_that_do_not_end_a_process_leave_the_run_going(
+    redis_server: RedisServer, r: redis.Redis, tmp_path: Path, sig: str
+) -> None:
+    env = runner_env(redis_server.url)
+    proc, _ = _shell("kept", "echo $$ > {pidfile}; sleep 1", env, tmp_path)
+    proc.send_signal(getattr(signal, sig))
+    _, stderr = proc.communicate(timeout=30)
+    assert proc.returncode == 0, stderr
+    assert outcome(stderr) == "ran"
+    assert r.get(LEASE % "kept") is None
+
+
+def test_sigxcpu_from_a_real_cpu_limit_stops_the_run_like_sigterm(
+    redis_server: RedisServer, r: redis.Redis, tmp_path: Path
+) -> None:
+    # `ulimit -t` as a soft limit: the kernel sends SIGXCPU once the runner's own CPU time (a
+    # Python task burning CPU in it) reaches a second.
+    effects = tmp_path / "effects"
+    env = runner_env(
+        redis_server.url, CRON_RUNNER_TASK_MODULES="tests.stream_tasks", SIDE_EFFECTS=str(effects)
+    )
+    res = subprocess.run(
+        ["sh", "-c", 'ulimit -S -t 1 && exec "$@"', "sh", CRON_RUNNER, "run", "spin"],
+        env=env, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert side_effects(effects, "start")
+    _stopped_like_sigterm(res.stderr, res.returncode, r, "spin", "SIGXCPU")
+
+
+@pytest.mark.parametrize("sig", ["SIGALRM", "SIGPWR", "SIGRTMAX"])
+def test_a_pid_1_runner_stops_the_run_on_them_too(
+    redis_server: RedisServer, r: redis.Redis, tmp_path: Path, sig: str
+) -> None:
+    # As PID 1 (a container's entrypoint) the kernel dropped them while no handler was set:
+    # the same signal that stops a run elsewhere must not be lost there.
+    pidfile = tmp_path / "child.pid"
+    env = runner_env(redis_server.url, CRON_RUNNER_SHUTDOWN_GRACE="2s")
+    proc = subprocess.Popen(
+        ["unshare", "--pid", "--fork", "--mount-proc", CRON_RUNNER, "exec", "--name", "pid1",
+         "--", "sh", "-c", f"echo $$ > {pidfile}; sleep 10"],
+        env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    wait_for(lambda: pidfile.exists() and pidfile.read_text().strip(), what="child start")
+    (runner,) = children(proc.pid)  # unshare's one child: PID 1 of the new namespace
+    os.kill(runner, STOPPING[sig])
+    _, stderr = proc.communicate(timeout=30)
+    _stopped_like_sigterm(stderr, proc.returncode, r, "pid1", sig)

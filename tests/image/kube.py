@@ -35,7 +35,7 @@ Manifest = dict[str, Any]
 
 
 def render_cronjobs(values: Mapping[str, Any]) -> dict[str, Manifest]:
-    """The chart's CronJobs keyed by task name (the `app.kubernetes.io/component` label)."""
+    """The chart's CronJobs keyed by task name (the `cron-runner.io/component` label)."""
     repository, _, tag = IMAGE.rpartition(":")
     rendered = Chart.load(CHART).render(
         {"image": {"repository": repository, "tag": tag}, **values},
@@ -48,7 +48,7 @@ def render_cronjobs(values: Mapping[str, Any]) -> dict[str, Manifest]:
             continue
         for doc in yaml.safe_load_all(text):
             if doc and doc.get("kind") == "CronJob":
-                cronjobs[doc["metadata"]["labels"]["app.kubernetes.io/component"]] = doc
+                cronjobs[doc["metadata"]["labels"]["cron-runner.io/component"]] = doc
     return cronjobs
 
 

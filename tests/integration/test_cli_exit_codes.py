@@ -129,7 +129,7 @@ def test_config_and_usage_errors_exit_78_or_64(
     assert side_effects(effects) == []
 
 
-def test_unreachable_exit_3_within_deadline_and_never_runs(effects: Path) -> None:
+def test_unreachable_exit_69_within_deadline_and_never_runs(effects: Path) -> None:
     env = runner_env(
         f"redis://127.0.0.1:{free_port()}/0",
         SIDE_EFFECTS=str(effects),

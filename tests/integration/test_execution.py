@@ -210,7 +210,7 @@ def test_a_stop_request_stops_the_task_and_releases_the_lease(h: Harness) -> Non
     assert h.marker(SLOT) == {}  # the slot stays open for the retry
     ((record),) = h.records()
     assert (record["outcome"], record["exit_code"]) == (TERMINATED, "143")
-    assert record["error"] == "cancelled: shutdown requested"
+    assert record["error"] == "stopped by SIGTERM (cancelled: shutdown requested)"
     assert h.run(Calls(), h.settings(**EVERY_5_MIN)).outcome == RAN
 
 
@@ -220,7 +220,7 @@ def test_a_stop_requested_before_the_start_runs_nothing(h: Harness) -> None:
     task = Calls()
     result = h.run(task, h.settings(**EVERY_5_MIN), shutdown=shutdown)
 
-    assert result == RunResult(TERMINATED, 143, reason="terminated before start")
+    assert result == RunResult(TERMINATED, 143, reason="stopped by SIGINT before the task started")
     assert task.seen == []
     assert h.redis().keys("*") == []
 

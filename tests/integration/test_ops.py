@@ -253,7 +253,7 @@ def test_next_slot_follows_a_slot_claimed_ahead_of_the_clock(r: redis.Redis) -> 
     assert reader.status("early", now_s=edge + 301, tolerance_s=30).next_slot == edge + 600
 
 
-def test_ops_commands_exit_3_when_redis_is_unreachable() -> None:
+def test_ops_commands_exit_69_when_redis_is_unreachable() -> None:
     from runner.testing import free_port  # noqa: PLC0415
 
     env = runner_env(f"redis://127.0.0.1:{free_port()}/0", CRON_RUNNER_CONNECT_TIMEOUT="300ms")

@@ -90,14 +90,18 @@ def test_a_missed_slot_that_runs_later_is_no_longer_reported(redis_server: Redis
 
 
 def test_ack_needs_a_slot_or_all_and_a_readable_slot(redis_server: RedisServer) -> None:
-    from runner.errors import UsageError  # noqa: PLC0415
+    from runner.errors import ConfigError, UsageError  # noqa: PLC0415
 
     plain = runner_env(redis_server.url)
-    cases = ((["ack", "hourly"], "--all"), (["ack", "hourly", "noon"], "SLOT"),
-             (["ack", "hourly", "9" * 30], "SLOT"), (["ack", "hourly", "9999-12-31T23:59:59-12:00"], "SLOT"))  # fmt: skip
-    for args, named in cases:
+    # A missing SLOT is a usage error; a SLOT that is not a time, a bad value (as every
+    # command's time is).
+    cases = ((["ack", "hourly"], "--all", UsageError.exit_code),
+             (["ack", "hourly", "noon"], "SLOT", ConfigError.exit_code),
+             (["ack", "hourly", "9" * 30], "SLOT", ConfigError.exit_code),
+             (["ack", "hourly", "9999-12-31T23:59:59-12:00"], "SLOT", ConfigError.exit_code))  # fmt: skip
+    for args, named, code in cases:
         res = run(args, plain)
-        assert res.returncode == UsageError.exit_code, res.stderr
+        assert res.returncode == code, res.stderr
         assert named in res.stderr
         assert "Traceback" not in res.stderr
 

@@ -95,7 +95,7 @@ def test_tls_with_ca_and_client_certificate_runs(
     ],
     ids=["no-client-certificate", "another-ca", "a-name-the-certificate-lacks"],
 )  # fmt: skip
-def test_tls_refusals_exit_2_at_once_and_never_run(
+def test_tls_refusals_exit_78_at_once_and_never_run(
     tls_server: TlsRedisServer,
     tls: TlsFiles,
     tmp_path: Path,

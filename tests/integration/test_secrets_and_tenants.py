@@ -129,7 +129,7 @@ def test_a_password_in_the_query_is_masked_in_logs_status_and_check(
         assert SECRET not in res.stdout + res.stderr, what
     assert outputs["run"].returncode == 0, outputs["run"].stderr
     assert outputs["check"].returncode == 0, outputs["check"].stdout
-    assert "password=***" in outputs["bad port"].stderr
+    assert "127.0.0.1***" in outputs["bad port"].stderr  # what follows a bad host is masked
 
 
 def test_a_password_on_the_command_line_is_warned_about(locked: RedisServer) -> None:
@@ -189,10 +189,14 @@ def test_a_team_reaches_only_its_own_scope(
     for team in ("team-a", "team-b"):
         _team(r, team)
 
+    # Daily at an hour twelve hours away: no run of the test comes near a fire time, so the
+    # watchdog's answer is exact: the slot twelve hours ago, run by billing-fails, failed.
+    hour = (time.gmtime().tm_hour + 12) % 24
+
     def env(user: str, scope: str, **extra: str) -> dict[str, str]:
         return runner_env(redis_server.url, CRON_RUNNER_REDIS_USERNAME=user,
                           CRON_RUNNER_REDIS_PASSWORD=f"{user}-pw", CRON_RUNNER_SCOPE=scope,
-                          CRON_RUNNER_SCHEDULE="0 3 * * *", **extra)  # fmt: skip
+                          CRON_RUNNER_SCHEDULE=f"0 {hour} * * *", **extra)  # fmt: skip
 
     a, b = env("team-a", "team-a"), env("team-b", "team-b")
     # Every command of a run, as the team's own user.
@@ -215,11 +219,12 @@ def test_a_team_reaches_only_its_own_scope(
     assert [t["task"] for t in json.loads(status.stdout)["tasks"]] == [
         "billing", "billing-fails", "ok"
     ]  # fmt: skip
-    watchdog = run(["watchdog", "--expect", "new-one=0 4 * * *", "-o", "json"], a)
-    assert watchdog.returncode in (0, 1), watchdog.stderr  # billing-fails may be overdue
+    expect = f"new-one=0 {(hour + 1) % 24} * * *"
+    watchdog = run(["watchdog", "--expect", expect, "-o", "json"], a)
+    assert watchdog.returncode == 1, watchdog.stderr
     report = json.loads(watchdog.stdout)
     assert report["checked"] == 4
-    assert {t["task"] for t in report["overdue"]} <= {"billing-fails"}
+    assert [t["task"] for t in report["overdue"]] == ["billing-fails"]
     assert run(["history", "billing"], a).returncode == 0
     assert run(["forget", "billing-fails", "--force"], a).returncode == 0
     assert "billing-fails" not in run(["status"], a).stdout
@@ -247,7 +252,7 @@ def test_a_team_reaches_only_its_own_scope(
 def test_docs_publish_the_per_scope_rule() -> None:
     docs = re.sub(r"\s*\\\n\s*", " ", (ROOT / "docs" / "reliability.md").read_text())
     assert f"ACL SETUSER team-a on >PASSWORD {SCOPE_RULE.replace('SCOPE', 'team-a')}" in docs
-    readme = (ROOT / "README.md").read_text()
+    readme = (ROOT / "docs" / "configuration.md").read_text()
     assert "~cron-runner:{team-a:*" in readme
 
 

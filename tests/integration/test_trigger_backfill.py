@@ -335,7 +335,9 @@ def test_trigger_and_backfill_enqueue_in_queue_mode(
     ]
     done = run(args, env)
     assert done.returncode == 0, done.stderr
-    assert summary(done.stdout) == "backfill q-ok: 3 slots: 3 ran, 0 skipped (done), 0 failed"
+    assert summary(done.stdout) == (
+        "backfill q-ok: 3 slots: 3 sent to the workers, 0 skipped (already sent), 0 failed"
+    )
     assert stats(r, "q-ok").ready == 4
     sent = [e["message_id"] for e in events(done.stderr) if e.get("event") == "enqueued"]
     assert len(set(sent)) == 3

@@ -143,3 +143,34 @@ def scale_job(ctx: RunContext) -> None:
     started_ms = int(time.time() * 1000)
     payload = ctx.payload
     client().rpush(SCALE_DONE, f"{payload['i']} {os.getpid()} {payload['t']} {started_ms}")
+
+
+@task("q-turn")
+def turn_job(ctx: RunContext) -> None:
+    """A slot's job of 1.5 s that checks between steps: long enough for the slots fetched with
+    it to find the lease held."""
+    effect(ctx, "start")
+    end = time.monotonic() + 1.5
+    while time.monotonic() < end:
+        ctx.check()
+        time.sleep(0.02)
+    effect(ctx, "ran")
+
+
+@task("q-blocked", retries=0, time_limit="500ms")
+def blocked(ctx: RunContext) -> None:
+    """Blocked in one call (the payload's seconds) past its time limit, then works on."""
+    effect(ctx, "start")
+    time.sleep(float(ctx.payload.get("seconds", 3)))
+    effect(ctx, "after")
+    time.sleep(0.5)
+    effect(ctx, "ran")
+
+
+@task("q-waiting", retries=0, time_limit="500ms")
+def waiting(ctx: RunContext) -> None:
+    """Waits on its context (the payload's seconds) past its time limit."""
+    effect(ctx, "start")
+    ctx.cancelled.wait(float(ctx.payload.get("seconds", 10)))
+    ctx.check()
+    effect(ctx, "ran")

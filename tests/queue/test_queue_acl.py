@@ -111,6 +111,18 @@ def test_every_queue_path_as_the_acl_user(
         retried = cli(acl_env, "dlq", "retry", "q-doomed", "--all")
         assert retried.returncode == 0, retried.stderr
         wait_for(lambda: len(effects(r, "ran")) == 9, 30, "the retried job to run")
+        # A backfill's slots, fetched together, each waiting for its turn (HSET, GET, PTTL).
+        minute = minutes * 60
+        backfill = {**acl_env, "CRON_RUNNER_MODE": "enqueue", "CRON_RUNNER_SCHEDULE": "* * * * *",
+                    "CRON_RUNNER_SLOT_RETENTION": "1h"}  # fmt: skip
+        done = cli(backfill, "backfill", "q-turn", "--from", str(minute - 240),
+                   "--to", str(minute - 120))  # fmt: skip
+        assert done.returncode == 0, done.stderr
+        wait_for(lambda: len(effects(r, "ran")) == 12, 40, "the backfilled slots to run")
+        # A message no worker can run, dead-lettered by its consumer's script.
+        r.hset(f"{NAMESPACE}:q-ok.msgs", "bad-id", "not json")
+        r.rpush(f"{NAMESPACE}:q-ok", "bad-id")
+        wait_for(lambda: stats(r, "q-ok").dead == 1, 20, "the bad message to be dead")
         code, text = worker.stopped()
     finally:
         worker.stop()

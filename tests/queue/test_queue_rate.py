@@ -7,7 +7,6 @@ dropped: a job over the limit goes back to its queue with a delay, never to the 
 from __future__ import annotations
 
 import threading
-import time
 from typing import Any, cast
 
 import pytest
@@ -60,18 +59,21 @@ class Admissions:
     def __init__(self, server: RedisServer) -> None:
         self.client = redis.Redis(port=server.port, decode_responses=True)
         self.times: list[float] = []
+        # Entering the monitor waits for MONITOR's OK: it is on before the first job is sent.
+        self._feed = self.client.monitor().__enter__()
         self._thread = threading.Thread(target=self._listen, daemon=True)
         self._thread.start()
-        time.sleep(0.2)  # MONITOR is on before the first job
 
     def _listen(self) -> None:
-        with self.client.monitor() as feed:
-            for command in feed.listen():
+        try:
+            for command in self._feed.listen():
                 text = command["command"]
                 if _STOP in text:
                     return
                 if text.startswith("SET ") and ":rate@" in text:
                     self.times.append(float(command["time"]))
+        finally:
+            self._feed.__exit__(None, None, None)
 
     def stop(self) -> list[float]:
         self.client.get(_STOP)

@@ -1,6 +1,6 @@
 """A worker takes every stop signal as SIGTERM, as a run does (runner/signals.py): SIGHUP (a
-closed ssh session), SIGQUIT, SIGUSR1 and SIGUSR2 stop it cleanly, its running job finished,
-instead of killing it with the job in flight until its heartbeat expires."""
+closed ssh session), SIGQUIT, SIGUSR1, SIGUSR2, SIGALRM... stop it cleanly, its running job
+finished, instead of killing it with the job in flight until its heartbeat expires."""
 
 from __future__ import annotations
 
@@ -17,7 +17,18 @@ from tests.queue.helpers import WorkerProc, effects, producer, queue_env, unacke
 
 @pytest.mark.parametrize(
     ("sig", "processes"),
-    [("SIGHUP", "1"), ("SIGQUIT", "1"), ("SIGUSR1", "1"), ("SIGUSR2", "1"), ("SIGHUP", "2")],
+    [
+        ("SIGHUP", "1"),
+        ("SIGQUIT", "1"),
+        ("SIGUSR1", "1"),
+        ("SIGUSR2", "1"),
+        ("SIGHUP", "2"),
+        # Every other signal whose default would end the process too (the whole table is in
+        # tests/fault/test_cli_signals.py): a timer's, the CPU limit's, a real-time one.
+        ("SIGALRM", "1"),
+        ("SIGXCPU", "2"),
+        ("SIGRTMIN", "1"),
+    ],
 )
 def test_every_stop_signal_lets_the_running_job_finish(
     redis_server: RedisServer, r: redis.Redis, sig: str, processes: str

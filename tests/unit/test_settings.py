@@ -8,8 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from runner.config.settings import load_settings, redact_url
+from runner.config.settings import load_settings
 from runner.config.sources import parse_duration
+from runner.config.urls import redact_url
 from runner.errors import ConfigError
 
 

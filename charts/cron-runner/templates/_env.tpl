@@ -25,8 +25,11 @@ Call with (dict "root" $ SLOT LIST... "maps" (list MAP...)).
      the scope is runner.scope, else the namespace; the holder is the pod's name, behind the
      cluster's name when runner.clusterName is set. */}}
 {{- $identity := list (dict "name" "CRON_RUNNER_HOLDER" "valueFrom" (dict "fieldRef" (dict "fieldPath" "metadata.name"))) }}
+{{- $subchartScope := include "cron-runner.subchartScope" .root }}
 {{- if $runner.scope }}
 {{- $identity = append $identity (dict "name" "CRON_RUNNER_SCOPE" "value" (toString $runner.scope)) }}
+{{- else if $subchartScope }}
+{{- $identity = append $identity (dict "name" "CRON_RUNNER_SCOPE" "value" $subchartScope) }}
 {{- else }}
 {{- $identity = append $identity (dict "name" "CRON_RUNNER_SCOPE" "valueFrom" (dict "fieldRef" (dict "fieldPath" "metadata.namespace"))) }}
 {{- end }}

@@ -28,6 +28,23 @@ whole in "cron-runner.cronjobName", where truncating could make two tasks collid
 {{- .Release.Namespace }}
 {{- end }}
 
+{{/*
+The labels the chart finds its own objects and pods by (NetworkPolicies, Services, monitors),
+under a prefix of its own, so that an app's own app.kubernetes.io/* labels never collide with
+them. The Deployment and StatefulSet selectors (cron-runner.selectorLabels) stay as they were:
+a selector cannot change in place, and `helm upgrade` from an earlier release must work.
+*/}}
+{{- define "cron-runner.ownLabels" -}}
+cron-runner.io/name: {{ include "cron-runner.name" . }}
+cron-runner.io/instance: {{ .Release.Name }}
+{{- end }}
+
+{{/* cron-runner.ownLabels of one component (serve, worker, bundled-redis, a task). Call with (dict "root" $ "name" $component). */}}
+{{- define "cron-runner.ownComponentLabels" -}}
+{{ include "cron-runner.ownLabels" .root }}
+cron-runner.io/component: {{ .name }}
+{{- end }}
+
 {{- define "cron-runner.selectorLabels" -}}
 app.kubernetes.io/name: {{ include "cron-runner.name" . }}
 app.kubernetes.io/instance: {{ .Release.Name }}
@@ -38,6 +55,7 @@ helm.sh/chart: {{ include "cron-runner.chart" . }}
 {{ include "cron-runner.selectorLabels" . }}
 app.kubernetes.io/version: {{ .Values.image.tag | default .Chart.AppVersion | trunc 63 | trimSuffix "-" | quote }}
 app.kubernetes.io/managed-by: {{ .Release.Service }}
+{{ include "cron-runner.ownLabels" . }}
 {{- end }}
 
 {{/* Components the chart itself uses; no task may take these names. */}}
@@ -53,6 +71,7 @@ Call with (dict "root" $ "name" $taskName).
 {{- define "cron-runner.taskLabels" -}}
 {{ include "cron-runner.labels" .root }}
 app.kubernetes.io/component: {{ .name }}
+cron-runner.io/component: {{ .name }}
 {{- end }}
 
 {{- define "cron-runner.image" -}}
@@ -79,6 +98,11 @@ app.kubernetes.io/component: {{ .name }}
 {{- define "cron-runner.redis.selectorLabels" -}}
 {{ include "cron-runner.selectorLabels" . }}
 app.kubernetes.io/component: bundled-redis
+{{- end }}
+
+{{/* What the bundled Redis's Service and NetworkPolicy select its pod by. */}}
+{{- define "cron-runner.redis.podLabels" -}}
+{{ include "cron-runner.ownComponentLabels" (dict "root" . "name" "bundled-redis") }}
 {{- end }}
 
 {{/* The Secret and key the Redis password comes from; empty name when there is none. */}}
@@ -136,7 +160,23 @@ only the scheme and db are used.
 {{- define "cron-runner.scope" -}}
 {{- $env := default dict .Values.runner.env }}
 {{- if kindIs "string" $env.CRON_RUNNER_SCOPE }}{{ $env.CRON_RUNNER_SCOPE }}
-{{- else }}{{ default (include "cron-runner.namespace" .) .Values.runner.scope }}{{ end }}
+{{- else }}{{ default (default (include "cron-runner.namespace" .) (include "cron-runner.subchartScope" .)) .Values.runner.scope }}{{ end }}
+{{- end }}
+
+{{/*
+As a dependency of an app's own chart (values under its key), each app's release is a key
+scope of its own, <namespace>.<release>: two apps' releases in one namespace may both have a
+task "report", and they must not share its lease. Empty as a release of its own, whose scope
+stays the namespace. runner.scope, when set, wins either way.
+*/}}
+{{- define "cron-runner.subchartScope" -}}
+{{- if contains "/charts/" .Template.BasePath }}
+{{- $scope := printf "%s.%s" (include "cron-runner.namespace" .) .Release.Name }}
+{{- if gt (len $scope) 63 }}
+{{- fail (printf "the key scope %q (namespace.release, as a dependency of another chart) is %d characters; at most 63 fit: set runner.scope" $scope (len $scope)) }}
+{{- end }}
+{{- $scope }}
+{{- end }}
 {{- end }}
 
 {{- define "cron-runner.keyPrefix" -}}

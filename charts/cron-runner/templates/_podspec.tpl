@@ -23,6 +23,9 @@ Call with a dict:
   initContainers, extraContainers the user's own, as given
   chartInitContainers             the chart's, container dicts (cron-runner.container)
   volumes                         after /tmp and the Redis secrets
+  extraPodSpec                    PodSpec fields the chart writes nothing for, as given
+  tmp                             false: no /tmp emptyDir (the task keeps its image's /tmp)
+  enableServiceLinks              true for a task that keeps them (default off)
 
 The runner's container is a dict for cron-runner.container with "name", "args" and "env" (the
 pod's cron-runner.env) at least. image, imagePullPolicy and command default to the release's
@@ -32,6 +35,18 @@ image and `cron-runner`; securityContext, when not given (null is given), to the
 {{- define "cron-runner.podSpec" -}}
 {{- $root := .root }}
 {{- $c := .container }}
+{{- $chartVolumes := include "cron-runner.volumes" $root | fromYamlArray }}
+{{- $chartMounts := include "cron-runner.volumeMounts" $root | fromYamlArray }}
+{{- /* A task whose image's own /tmp is writable (or which mounts its own) keeps it: the runner writes none. */}}
+{{- if and (hasKey . "tmp") (not .tmp) }}
+{{- $kept := list }}
+{{- range $chartVolumes }}{{ if ne .name "tmp" }}{{ $kept = append $kept . }}{{ end }}{{ end }}
+{{- $chartVolumes = $kept }}
+{{- $kept = list }}
+{{- range $chartMounts }}{{ if ne .name "tmp" }}{{ $kept = append $kept . }}{{ end }}{{ end }}
+{{- $chartMounts = $kept }}
+{{- end }}
+{{- $volumes := concat $chartVolumes (default list .volumes) }}
 {{- $container := dict
   "name" $c.name
   "image" (default (include "cron-runner.image" $root) $c.image)
@@ -46,7 +61,8 @@ image and `cron-runner`; securityContext, when not given (null is given), to the
   "readinessProbe" $c.readinessProbe
   "resources" $c.resources
   "securityContext" (ternary $c.securityContext $root.Values.securityContext (hasKey $c "securityContext"))
-  "volumeMounts" (concat (include "cron-runner.volumeMounts" $root | fromYamlArray) (default list $c.volumeMounts)) }}
+  "volumeMounts" (concat $chartMounts (default list $c.volumeMounts))
+  "extra" $c.extra }}
 {{- with .restartPolicy }}
 restartPolicy: {{ . }}
 {{- end }}
@@ -55,7 +71,7 @@ terminationGracePeriodSeconds: {{ int64 .terminationGracePeriodSeconds }}
 {{- end }}
 serviceAccountName: {{ default (include "cron-runner.serviceAccountName" $root) .serviceAccountName }}
 automountServiceAccountToken: {{ if ternary .automountServiceAccountToken $root.Values.serviceAccount.automountServiceAccountToken (hasKey . "automountServiceAccountToken") }}true{{ else }}false{{ end }}
-enableServiceLinks: false
+enableServiceLinks: {{ if .enableServiceLinks }}true{{ else }}false{{ end }}
 securityContext:
   {{- toYaml (ternary .securityContext $root.Values.podSecurityContext (hasKey . "securityContext")) | nindent 2 }}
 {{- with .priorityClassName }}
@@ -95,8 +111,13 @@ containers:
   {{- with .extraContainers }}
   {{- toYaml . | nindent 2 }}
   {{- end }}
+{{- with $volumes }}
 volumes:
-  {{- include "cron-runner.namedList" (concat (include "cron-runner.volumes" $root | fromYamlArray) (default list .volumes)) | trim | nindent 2 }}
+  {{- include "cron-runner.namedList" . | trim | nindent 2 }}
+{{- end }}
+{{- with .extraPodSpec }}
+{{ toYaml . }}
+{{- end }}
 {{- end }}
 
 {{/*
@@ -153,6 +174,9 @@ for env (when the key is there) and securityContext.
   volumeMounts:
     {{- include "cron-runner.namedList" . | trim | nindent 4 }}
   {{- end }}
+  {{- with .extra }}
+  {{- toYaml . | nindent 2 }}
+  {{- end }}
 {{- end }}
 
 {{/* A list of named objects (volumes, mounts), each with its name first. */}}
@@ -179,7 +203,7 @@ for env (when the key is there) and securityContext.
 - name: redis-password
   secret:
     secretName: {{ $secret.name }}
-    defaultMode: 0440
+    defaultMode: 0444
     items:
       - key: {{ $secret.key }}
         path: password
@@ -188,7 +212,7 @@ for env (when the key is there) and securityContext.
 - name: redis-sentinel-password
   secret:
     secretName: {{ .Values.redis.sentinel.existingSecret }}
-    defaultMode: 0440
+    defaultMode: 0444
     items:
       - key: {{ .Values.redis.sentinel.passwordKey }}
         path: password
@@ -197,7 +221,7 @@ for env (when the key is there) and securityContext.
 - name: redis-tls
   secret:
     secretName: {{ $tls.existingSecret }}
-    defaultMode: 0440
+    defaultMode: 0444
     items:
       - key: {{ $tls.caKey }}
         path: ca.crt

@@ -23,7 +23,7 @@ which could give two tasks the same name.
 
 {{/* jobDefaults fields a task may override; the task's value replaces the default whole. */}}
 {{- define "cron-runner.jobFields" -}}
-{{- concat (list "concurrencyPolicy" "startingDeadlineSeconds" "successfulJobsHistoryLimit" "failedJobsHistoryLimit" "backoffLimit" "activeDeadlineSeconds" "ttlSecondsAfterFinished" "restartPolicy" "podFailurePolicy" "terminationGracePeriodSeconds" "resources" "nodeSelector" "tolerations" "affinity" "priorityClassName" "podAnnotations" "podLabels" "extraVolumes" "extraVolumeMounts" "runner" "image" "initContainers" "extraContainers") (include "cron-runner.policyFields" . | fromJsonArray) | toJson }}
+{{- concat (list "concurrencyPolicy" "startingDeadlineSeconds" "successfulJobsHistoryLimit" "failedJobsHistoryLimit" "backoffLimit" "activeDeadlineSeconds" "ttlSecondsAfterFinished" "restartPolicy" "podFailurePolicy" "terminationGracePeriodSeconds" "resources" "nodeSelector" "tolerations" "affinity" "topologySpreadConstraints" "priorityClassName" "podAnnotations" "podLabels" "extraVolumes" "extraVolumeMounts" "runner" "image" "initContainers" "extraContainers") (include "cron-runner.policyFields" . | fromJsonArray) | toJson }}
 {{- end }}
 
 {{/*
@@ -48,6 +48,19 @@ Call with (dict "root" $ "task" $task).
 {{- $name := .name }}
 {{- $task := .task }}
 {{- $job := .job }}
+{{- /* extraPodSpec and extraContainerSpec carry what the chart writes nothing for: a field it
+     writes itself would come out twice. */}}
+{{- if kindIs "map" $task }}
+{{- range $field, $written := dict
+  "extraPodSpec" (list "restartPolicy" "terminationGracePeriodSeconds" "serviceAccountName" "serviceAccount" "automountServiceAccountToken" "enableServiceLinks" "securityContext" "priorityClassName" "imagePullSecrets" "nodeSelector" "tolerations" "affinity" "topologySpreadConstraints" "initContainers" "containers" "volumes")
+  "extraContainerSpec" (list "name" "image" "imagePullPolicy" "command" "args" "workingDir" "env" "envFrom" "ports" "livenessProbe" "readinessProbe" "resources" "securityContext" "volumeMounts") }}
+{{- range $key := keys (default dict (index $task $field)) | sortAlpha }}
+{{- if has $key $written }}
+{{- fail (printf "task %q: %s.%s: the chart writes this field itself; set the task's own setting for it instead" $name $field $key) }}
+{{- end }}
+{{- end }}
+{{- end }}
+{{- end }}
 {{- if not (regexMatch "^[a-z0-9]([-a-z0-9]*[a-z0-9])?$" $name) }}
 {{- fail (printf "task %q: a task name must be a DNS label (lower-case letters, digits and '-', starting and ending with a letter or digit)" $name) }}
 {{- end }}
@@ -282,6 +295,12 @@ Call with (dict "root" $ "task" $task).
 {{- end }}
 {{- with $caps.add }}
 {{- $out = append $out (printf "securityContext.capabilities.add: %s" (join "," .)) }}
+{{- end }}
+{{- $extra := default dict .task.extraPodSpec }}
+{{- range $field := list "hostNetwork" "hostPID" "hostIPC" }}
+{{- if eq (toJson (index $extra $field)) "true" }}
+{{- $out = append $out (printf "extraPodSpec.%s: true" $field) }}
+{{- end }}
 {{- end }}
 {{- $out | toJson }}
 {{- end }}
