@@ -48,9 +48,9 @@ RUN /opt/build-tools/bin/pip wheel --no-deps --no-build-isolation --wheel-dir /w
 # PyInstaller bundle of the same runner, with the interpreter and every library inside.
 # A directory rather than one file: a one-file build unpacks itself to /tmp and runs the
 # runner as its child on every start (2.8x the cold start, and the runner no longer PID 1;
-# bench/README.md). It links against this stage's glibc: built on Debian 12, it runs on
-# glibc 2.36 and later, never on musl (Alpine), which its launcher (bundle/launch.c) refuses
-# with 78.
+# bench/README.md). It carries this stage's C library and dynamic loader
+# (bundle/carry-libc.sh), and its launcher (bundle/launch.c) execs that loader: the bundle
+# runs whatever the image's libc is, an older glibc, musl (Alpine) or none (scratch).
 FROM builder AS bundle
 # PyInstaller needs objdump, and a shared libpython, which Debian's python3 keeps in a
 # package of its own (python:3.12-slim has one already); the static launcher needs a C
@@ -82,6 +82,7 @@ RUN cp -a /opt/cron-runner /opt/build \
         runner/__main__.py \
  && mkdir /dist \
  && mv /tmp/dist/cron-runner /dist/bundle \
+ && sh bundle/carry-libc.sh /dist/bundle \
  && gcc -static -Os -Wall -Werror -o /dist/cron-runner bundle/launch.c \
  && strip /dist/cron-runner \
  && /dist/cron-runner --version

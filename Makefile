@@ -90,9 +90,14 @@ clean:
 # The container image, built and run with Debian's podman/buildah/runc and no registry.
 # All their state lives in .work/podman (scripts/image.sh); test-image removes it after,
 # keeping only the cached base tarball.
-.PHONY: image test-image image-clean e2e-kind
+.PHONY: image dist test-image image-clean e2e-kind
 image:
 	scripts/image.sh build
+
+# The self-contained runner as dist/cron-runner-VERSION-linux-ARCH.tar.gz and its .sha256,
+# for servers without Python 3.11 (docs/adoption.md).
+dist:
+	scripts/image.sh dist
 
 test-image: $(STAMP)
 	scripts/system-packages.sh image

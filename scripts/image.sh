@@ -5,9 +5,12 @@
 # touches the machine's own containers or images, and `clean` can delete all of it.
 #
 #   scripts/image.sh build       the base (mmdebstrap, tarball cached), localhost/cron-runner:test
-#                                and the examples/custom-image user image on top of it, and two
-#                                app images without Python (php-cli, nodejs) for runner.inject
-#   scripts/image.sh test        build, run the image tests (pytest -m image), print figures,
+#                                and the examples/custom-image user image on top of it, and
+#                                app images without Python (php-cli, nodejs; musl, scratch-like,
+#                                Debian 11) for runner.inject
+#   scripts/image.sh dist        build, then the self-contained runner as a tarball and its
+#                                SHA-256 in $ARTIFACTS (dist/), for servers without Python
+#   scripts/image.sh test        build, dist, run the image tests (pytest -m image), print figures,
 #                                clean (KEEP_IMAGE=1 keeps everything for a look around)
 #   scripts/image.sh clean       remove our pods, images and storage; keep the cached base tarball
 #   scripts/image.sh env CMD...  run CMD with the private configuration (e.g. `env podman ps -a`)
@@ -33,6 +36,12 @@ ARTIFACTS=${ARTIFACTS:-dist}
 # App images without Python, as a PHP or Node team has them: the chart injects the runner.
 PHP_IMAGE=${PHP_IMAGE:-localhost/app-php:test}
 NODE_IMAGE=${NODE_IMAGE:-localhost/app-node:test}
+# And app images of every other libc the injected runner must run on (docs/adoption.md): musl
+# and BusyBox with no glibc at all, nothing but one static binary (scratch), and Debian 11's
+# glibc 2.31. Their job is tests/image/apps/job.sh.
+MUSL_IMAGE=${MUSL_IMAGE:-localhost/app-musl:test}
+STATIC_IMAGE=${STATIC_IMAGE:-localhost/app-static:test}
+BULLSEYE_IMAGE=${BULLSEYE_IMAGE:-localhost/app-bullseye:test}
 PYTEST=${PYTEST:-.venv/bin/pytest}
 # What configure() creates, and so what clean() removes; cache/ is kept.
 OWNED_DIRS=(conf storage run tmp libpod networks)
@@ -83,7 +92,7 @@ EOF
     export CONTAINERS_CONF=$WORK/conf/containers.conf
     export CONTAINERS_STORAGE_CONF=$WORK/conf/storage.conf
     export TMPDIR=$WORK/tmp
-    export IMAGE EXAMPLE_IMAGE PHP_IMAGE NODE_IMAGE
+    export IMAGE EXAMPLE_IMAGE PHP_IMAGE NODE_IMAGE MUSL_IMAGE STATIC_IMAGE BULLSEYE_IMAGE ARTIFACTS
 }
 
 debian_mirror() {
@@ -151,9 +160,62 @@ app_image() {
         --change "ENTRYPOINT $entrypoint" --change "CMD $cmd" "$tar" "$image" >/dev/null
 }
 
+# A root tarball from Debian's packages, cached: NAME SUITE VARIANT PACKAGES (comma-separated).
+# The apps' jobs are copied into /app (an extract hook: the extract variant runs no other).
+root_tar() {
+    local name=$1 suite=$2 variant=$3 packages=$4 tar
+    tar=$WORK/cache/app-$name-$suite.tar
+    if [[ ! -s $tar ]]; then
+        echo "image.sh: mmdebstrap $suite $name app root (cached in $tar)" >&2
+        mmdebstrap --quiet --variant="$variant" ${packages:+--include="$packages"} \
+            --aptopt='APT::Install-Recommends "false"' --aptopt='Acquire::Retries "3"' \
+            --extract-hook='mkdir -p "$1/app"' \
+            --extract-hook='cp tests/image/apps/job.sh "$1/app/"' \
+            --customize-hook='rm -rf "$1"/var/lib/apt/lists/* "$1"/var/cache/apt/*' \
+            --format=tar "$suite" "$tar.partial" "$(debian_mirror)" >&2
+        mv "$tar.partial" "$tar"
+    fi
+    echo "$tar"
+}
+
+# An image from a root tarball, with the job's user, entrypoint and cmd: IMAGE TAR USER
+# ENTRYPOINT CMD.
+import_app() {
+    podman import --quiet --change "USER $3" --change "WORKDIR /app" \
+        --change "ENTRYPOINT $4" --change "CMD $5" "$2" "$1" >/dev/null
+}
+
+# The images of the other libcs; their user is the distroless one, with no /etc/passwd entry.
+other_libc_images() {
+    local tar root
+    if ! podman image exists "$MUSL_IMAGE"; then
+        # extract: musl's loader and libc, a static BusyBox, and no glibc (no /lib64).
+        tar=$(root_tar musl bookworm extract musl,busybox-static)
+        import_app "$MUSL_IMAGE" "$tar" 65532:65532 '["/bin/busybox", "sh"]' '["/app/job.sh"]'
+    fi
+    if ! podman image exists "$STATIC_IMAGE"; then
+        # Nothing but the app: its one static binary (BusyBox) and its job, as FROM scratch.
+        tar=$(root_tar musl bookworm extract musl,busybox-static)
+        root=$WORK/tmp/static-root
+        rm -rf "$root" && mkdir -p "$root/app"
+        tar -xOf "$tar" ./bin/busybox >"$root/app/busybox"
+        chmod 0755 "$root/app/busybox"
+        cp tests/image/apps/job.sh "$root/app/"
+        tar -C "$root" -cf "$root.tar" .
+        import_app "$STATIC_IMAGE" "$root.tar" 65532:65532 '["/app/busybox", "sh"]' '["/app/job.sh"]'
+        rm -rf "$root" "$root.tar"
+    fi
+    if ! podman image exists "$BULLSEYE_IMAGE"; then
+        # With ps, which the runner's tarball test (tests/image/test_dist.py) uses in it.
+        tar=$(root_tar bullseye bullseye minbase procps)
+        import_app "$BULLSEYE_IMAGE" "$tar" 65532:65532 '["/bin/sh"]' '["/app/job.sh"]'
+    fi
+}
+
 build() {
     app_image "$PHP_IMAGE" php-cli job.php 33:33 '["php"]' '["/app/job.php"]'
     app_image "$NODE_IMAGE" nodejs job.js 65534:65534 '["node"]' '["/app/job.js"]'
+    other_libc_images
     base
     check_base_lock
     # Host network: RUN steps reach PyPI without podman creating bridges or firewall rules.
@@ -186,11 +248,30 @@ figures() {
         printf "our layers above base: %6.1f MB\n", (i - b) / 1e6 }'
     podman history --format '{{.Size}}\t{{.CreatedBy}}' "$IMAGE" | cut -c1-110 | head -n 12
     local app
-    for app in "$PHP_IMAGE" "$NODE_IMAGE"; do
+    for app in "$PHP_IMAGE" "$NODE_IMAGE" "$MUSL_IMAGE" "$STATIC_IMAGE" "$BULLSEYE_IMAGE"; do
         podman image exists "$app" || continue
         awk -v s="$(podman image inspect --format '{{.Size}}' "$app")" -v n="$app" \
             'BEGIN { printf "app image %s: %6.1f MB (no Python)\n", n, s / 1e6 }'
     done
+}
+
+# The self-contained runner as a tarball for servers without Python 3.11 (docs/adoption.md),
+# from the image's /opt/cron-runner-bin: the launcher and bundle/ in cron-runner-VERSION/,
+# with the same bytes whatever the build's time or user, and its SHA-256 beside it.
+dist() {
+    local version name stage created
+    version=$(sed -n 's/^version = "\(.*\)"$/\1/p' pyproject.toml)
+    name=cron-runner-$version-linux-$(uname -m)
+    stage=$WORK/tmp/dist
+    rm -rf "$stage" && mkdir -p "$stage" "$ARTIFACTS"
+    created=$(podman create --pull=never "$IMAGE")
+    podman cp "$created:/opt/cron-runner-bin" "$stage/cron-runner-$version"
+    podman rm "$created" >/dev/null
+    tar --sort=name --owner=0 --group=0 --numeric-owner --mtime=@0 -C "$stage" \
+        -cf - "cron-runner-$version" | gzip -n -9 >"$ARTIFACTS/$name.tar.gz"
+    (cd "$ARTIFACTS" && sha256sum "$name.tar.gz" >"$name.tar.gz.sha256")
+    rm -rf "$stage"
+    echo "image.sh: $ARTIFACTS/$name.tar.gz ($(du -h "$ARTIFACTS/$name.tar.gz" | cut -f1)) and .sha256"
 }
 
 unmount_below_work() {
@@ -220,6 +301,7 @@ clean() {
 run_tests() {
     [[ ${KEEP_IMAGE:-0} == 1 ]] || trap clean EXIT
     build
+    dist
     figures
     "$PYTEST" -m image tests/image "$@"
 }
@@ -229,9 +311,10 @@ shift || true
 case $command in
     base) require_tools; configure; base ;;
     build) require_tools; configure; build ;;
+    dist) require_tools; configure; build; dist ;;
     test) require_tools; configure; run_tests "$@" ;;
     figures) configure; figures ;;
     clean) clean ;;
     env) configure; exec "$@" ;;
-    *) die "usage: scripts/image.sh base|build|test|clean|figures|env CMD..." ;;
+    *) die "usage: scripts/image.sh base|build|dist|test|clean|figures|env CMD..." ;;
 esac

@@ -39,7 +39,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 from redis.sentinel import MasterNotFoundError
 
-from runner import clock
+from runner import bundle, clock
 from runner.config.settings import RedisSettings
 from runner.config.timings import SOCKET_TIMEOUT_MAX_S, LeaseTimings
 from runner.errors import ConfigError, StoreUnavailable, Terminated
@@ -105,10 +105,11 @@ def _common_kwargs(settings: RedisSettings, ttl_s: float | None) -> dict[str, An
 def _tls_kwargs(settings: RedisSettings) -> dict[str, Any]:
     # redis-py does not check the server's name by default: any certificate the CA signed
     # would do. Without a CA file the system's CAs are trusted, so the name is all we have.
+    # The self-contained runner finds the image's CAs, or carries its own (runner/bundle.py).
     return {
         "ssl_cert_reqs": "required",
         "ssl_check_hostname": True,
-        "ssl_ca_certs": settings.tls_ca_file,
+        "ssl_ca_certs": settings.tls_ca_file or bundle.ca_file(),
         "ssl_certfile": settings.tls_cert_file,
         "ssl_keyfile": settings.tls_key_file,
     }

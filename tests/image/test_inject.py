@@ -1,7 +1,10 @@
-"""runner.inject initContainer in real containers (make test-image): app images without Python,
-built from Debian's php-cli and nodejs alone, run their own job under the runner that the
-chart's init container copies in. Each pod runs as the image's own non-root user on a
-read-only root, as the rendered pod template says.
+"""runner.inject initContainer in real containers (make test-image): app images without Python
+run their own job under the runner that the chart's init container copies in. Each pod runs as
+the image's own non-root user on a read-only root, as the rendered pod template says.
+
+The images cover every libc the runner must run on (docs/adoption.md): Debian 12's glibc (php-cli
+and nodejs), musl with no glibc at all, nothing but one static binary (scratch), and Debian 11's
+glibc 2.31. The last three run as the distroless uid 65532, which has no /etc/passwd entry.
 """
 
 from __future__ import annotations
@@ -11,7 +14,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import pytest
 import redis
@@ -19,6 +22,7 @@ import redis
 from runner.errors import EXIT_CANNOT_EXECUTE, EXIT_NOT_FOUND, EXIT_TERMINATED, ConfigError
 from runner.keys import TaskKeys
 from runner.testing import RedisServer
+from tests.helpers.topologies import TlsRedisServer, make_tls_files
 from tests.image.kube import (
     IMAGE,
     NAMESPACE,
@@ -34,20 +38,44 @@ from tests.image.kube import (
 pytestmark = pytest.mark.image
 
 GRACE_S = 10
-# The image, its own user and its own entrypoint and cmd, as a Dockerfile would have set them.
+DISTROLESS_UID = 65532
+
+
+class App(NamedTuple):
+    """An app image, with its own user, entrypoint and cmd as a Dockerfile would set them."""
+
+    image: str
+    uid: int
+    entrypoint: list[str]
+    cmd: list[str]
+    shell: list[str]  # how to run `sh -c` in it, for the checks of what it holds
+
+
 APPS = {
-    "php": (os.environ.get("PHP_IMAGE", "localhost/app-php:test"), 33, ["php"], ["/app/job.php"]),
-    "node": (
-        os.environ.get("NODE_IMAGE", "localhost/app-node:test"),
-        65534,
-        ["node"],
-        ["/app/job.js"],
-    ),
-}
+    "php": App(os.environ.get("PHP_IMAGE", "localhost/app-php:test"), 33, ["php"],
+               ["/app/job.php"], ["sh"]),
+    "node": App(os.environ.get("NODE_IMAGE", "localhost/app-node:test"), 65534, ["node"],
+                ["/app/job.js"], ["sh"]),
+    "musl": App(os.environ.get("MUSL_IMAGE", "localhost/app-musl:test"), DISTROLESS_UID,
+                ["/bin/busybox", "sh"], ["/app/job.sh"], ["/bin/busybox", "sh"]),
+    "static": App(os.environ.get("STATIC_IMAGE", "localhost/app-static:test"), DISTROLESS_UID,
+                  ["/app/busybox", "sh"], ["/app/job.sh"], ["/app/busybox", "sh"]),
+    "bullseye": App(os.environ.get("BULLSEYE_IMAGE", "localhost/app-bullseye:test"),
+                    DISTROLESS_UID, ["/bin/sh"], ["/app/job.sh"], ["/bin/sh"]),
+}  # fmt: skip
+# The jobs in tests/image/apps/job.sh, which report the environment they were given.
+SHELL_JOBS = {"musl", "static", "bullseye"}
+# What each image must hold, or lack, to stand for its family.
+FAMILY_CHECKS = {
+    "musl": ("test -e /lib/ld-musl-x86_64.so.1 && ! test -e /lib64 && echo musl", "musl"),
+    "static": ("for p in /bin /lib /lib64 /usr /etc/passwd; do test -e $p && echo $p; done;"
+               " echo nothing-else", "nothing-else"),
+    "bullseye": ("getconf GNU_LIBC_VERSION", "glibc 2.31"),
+}  # fmt: skip
 
 
 def app_task(app: str, effects: Path, **task: Any) -> dict[str, Any]:
-    image, uid, entrypoint, cmd = APPS[app]
+    image, uid, entrypoint, cmd, _ = APPS[app]
     repository, _, tag = image.rpartition(":")
     return {
         "schedule": "*/5 * * * *",
@@ -60,7 +88,9 @@ def app_task(app: str, effects: Path, **task: Any) -> dict[str, Any]:
             "runAsGroup": uid,
             "seccompProfile": {"type": "RuntimeDefault"},
         },
-        "env": {"SIDE_EFFECTS": "/effects/runs.log", "JOB_SLEEP": "2"},
+        # A time zone, which the image of one static binary has no database for.
+        **({"timeZone": "Europe/Berlin"} if app == "static" else {}),
+        "env": {"SIDE_EFFECTS": "/effects/runs.log", "JOB_SLEEP": "2", "JOB_APP": app},
         # The test's window on the side effects; a real task would write to its database.
         "extraVolumes": [{"name": "effects", "hostPath": {"path": str(effects)}}],
         "extraVolumeMounts": [{"name": "effects", "mountPath": "/effects"}],
@@ -94,21 +124,31 @@ def final(podman: Podman, container: str) -> dict[str, Any]:
     return events[-1]
 
 
+def in_image(podman: Podman, app: str, script: str) -> str:
+    shell = APPS[app].shell
+    # --passwd=false: podman would otherwise add the user to /etc/passwd, which a kubelet does not.
+    return podman(
+        "run", "--rm", "--pull=never", "--passwd=false", "--entrypoint", shell[0],
+        APPS[app].image, *shell[1:], "-c", script,
+    ).strip()  # fmt: skip
+
+
 @pytest.mark.parametrize("app", sorted(APPS))
 def test_app_images_have_no_python(podman: Podman, app: str) -> None:
-    image = APPS[app][0]
-    found = podman(
-        "run", "--rm", "--pull=never", "--entrypoint", "sh", image, "-c",
-        "command -v python3 python || echo none",
-    )  # fmt: skip
-    assert found.strip() == "none"
+    assert in_image(podman, app, "command -v python3 python || echo none") == "none"
+
+
+@pytest.mark.parametrize("app", sorted(FAMILY_CHECKS))
+def test_each_image_stands_for_its_libc_family(podman: Podman, app: str) -> None:
+    script, says = FAMILY_CHECKS[app]
+    assert in_image(podman, app, script) == says
 
 
 @pytest.mark.parametrize("app", sorted(APPS))
 def test_three_pods_of_one_slot_run_the_apps_job_once(
     podman: Podman, redis_server: RedisServer, r: redis.Redis, effects: Path, app: str
 ) -> None:
-    image = APPS[app][0]
+    image = APPS[app].image
     before = image_id(podman, image)
     cronjob = cronjob_for(redis_server, f"{app}-report", app_task(app, effects))
     slot_s = int(time.time()) // 300 * 300
@@ -121,24 +161,39 @@ def test_three_pods_of_one_slot_run_the_apps_job_once(
     played = podman(
         "inspect", "--format", "{{.HostConfig.ReadonlyRootfs}} {{.Config.User}}", *containers
     )
-    uid = APPS[app][1]
+    uid = APPS[app].uid
     assert played.split("\n")[:3] == [f"true {uid}:{uid}"] * 3
     outcomes = sorted(final(podman, c)["outcome"] for c in containers)
     assert outcomes.count("ran") == 1, outcomes
     assert set(outcomes) - {"ran"} <= {"skipped_done", "skipped_held"}, outcomes
     runs = (effects / "runs.log").read_text().splitlines()
     assert len(runs) == 1 and runs[0].startswith(app), runs
+    if app in SHELL_JOBS:
+        # The job got the app image's environment: not the bundle's own library path (its
+        # C library, under the image's loader) nor PyInstaller's variables.
+        assert runs[0].endswith(" ld=unset pyi=unset"), runs
     assert not r.exists(keys(f"{app}-report").lease)
     assert r.exists(keys(f"{app}-report").slot(slot_s))
     assert image_id(podman, image) == before, "the app image must not change"
 
 
+def pid_1_of(podman: Podman, container: str) -> tuple[str, list[str], str]:
+    """The container's first process, seen from the host: its program, its argv, and its PID
+    in the container's own PID namespace (the last NSpid)."""
+    pid = podman("inspect", "--format", "{{.State.Pid}}", container).strip()
+    proc = Path("/proc") / pid
+    status = dict(line.split(":", 1) for line in (proc / "status").read_text().splitlines())
+    argv = (proc / "cmdline").read_bytes().decode().split("\0")
+    return os.readlink(proc / "exe"), argv, status["NSpid"].split()[-1]
+
+
+@pytest.mark.parametrize("app", sorted(APPS))
 def test_pod_stop_mid_run_exits_143_and_frees_the_lease(
-    podman: Podman, redis_server: RedisServer, r: redis.Redis, effects: Path
+    podman: Podman, redis_server: RedisServer, r: redis.Redis, effects: Path, app: str
 ) -> None:
-    task = app_task("php", effects, terminationGracePeriodSeconds=GRACE_S)
+    task = app_task(app, effects, terminationGracePeriodSeconds=GRACE_S)
     task["env"]["JOB_SLEEP"] = "300"
-    cronjob = cronjob_for(redis_server, "php-long", task)
+    cronjob = cronjob_for(redis_server, f"{app}-long", task)
     slot_s = int(time.time()) // 300 * 300
     job = job_name(cronjob, slot_s)
     pod = job_pod(cronjob, job=job, pod_name=f"{job}-t5v6r")
@@ -146,32 +201,36 @@ def test_pod_stop_mid_run_exits_143_and_frees_the_lease(
 
     podman.play_at_once([pod])
     podman.wait_for_event(container, "acquired")
-    assert r.exists(keys("php-long").lease)
-    # The launcher became the bundle (execv): the runner itself is the container's PID 1.
-    pid1 = podman("exec", container, "/usr/bin/readlink", "/proc/1/exe").strip()
-    assert pid1 == "/cron-runner/bundle/cron-runner"
+    assert r.exists(keys(f"{app}-long").lease)
+    # The launcher became the bundle's own loader running the bundle (execv, never a fork):
+    # the runner itself is the container's PID 1, whatever the image's libc.
+    exe, argv, pid = pid_1_of(podman, container)
+    assert pid == "1"
+    assert exe == "/cron-runner/bundle/_internal/ld-linux-x86-64.so.2"
+    assert "/cron-runner/bundle/cron-runner" in argv, argv
     podman("pod", "stop", "--time", str(GRACE_S), pod["metadata"]["name"], timeout_s=GRACE_S + 30)
 
     assert podman.wait_exit_codes([container]) == [EXIT_TERMINATED]
     assert final(podman, container)["outcome"] == "terminated"
-    assert not r.exists(keys("php-long").lease)
-    assert not r.exists(keys("php-long").slot(slot_s)), "a stopped run leaves its slot free"
+    assert not r.exists(keys(f"{app}-long").lease)
+    assert not r.exists(keys(f"{app}-long").slot(slot_s)), "a stopped run leaves its slot free"
 
 
-@pytest.mark.parametrize(
-    "case",
-    [(["/app/no-such-job"], EXIT_NOT_FOUND), (["/app/job.php"], EXIT_CANNOT_EXECUTE)],
-    ids=["not-found", "not-executable"],
-)
+CANNOT_START = [(app, kind) for app in sorted(APPS) for kind in ("not-found", "not-executable")]
+
+
+@pytest.mark.parametrize("case", CANNOT_START, ids=[f"{a}-{k}" for a, k in CANNOT_START])
 def test_a_command_that_cannot_start_leaves_the_slot_free(
-    podman: Podman,
-    redis_server: RedisServer,
-    r: redis.Redis,
-    effects: Path,
-    case: tuple[list[str], int],
+    podman: Podman, redis_server: RedisServer, r: redis.Redis, effects: Path, case: tuple[str, str]
 ) -> None:
-    command, code = case
-    cronjob = cronjob_for(redis_server, "php-broken", app_task("php", effects, command=command))
+    app, kind = case
+    # The job's script itself, which is not executable: 126; a path that is not there: 127.
+    command, code = (
+        (["/app/no-such-job"], EXIT_NOT_FOUND)
+        if kind == "not-found"
+        else (APPS[app].cmd[:1], EXIT_CANNOT_EXECUTE)
+    )
+    cronjob = cronjob_for(redis_server, f"{app}-broken", app_task(app, effects, command=command))
     slot_s = int(time.time()) // 300 * 300
     job = job_name(cronjob, slot_s)
     pod = job_pod(cronjob, job=job, pod_name=f"{job}-c4n7s")
@@ -179,8 +238,8 @@ def test_a_command_that_cannot_start_leaves_the_slot_free(
 
     podman.play_at_once([pod])
     assert podman.wait_exit_codes([container]) == [code]
-    assert not r.exists(keys("php-broken").lease)
-    assert not r.exists(keys("php-broken").slot(slot_s))
+    assert not r.exists(keys(f"{app}-broken").lease)
+    assert not r.exists(keys(f"{app}-broken").slot(slot_s))
     assert not (effects / "runs.log").exists()
 
 
@@ -197,35 +256,78 @@ def bundle(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return out
 
 
-@pytest.mark.parametrize(
-    ("loader", "says"),
-    [
-        ("ld-musl-x86_64.so.1", "this image uses musl libc (Alpine?)"),
-        (None, "this image has no glibc (/lib64/ld-linux-x86-64.so.2 is missing)"),
-    ],
-    ids=["musl", "no-libc"],
-)
-def test_an_image_without_glibc_is_refused_with_the_config_code(
-    podman: Podman, bundle: Path, tmp_path: Path, loader: str | None, says: str
+def test_the_runner_needs_nothing_from_an_image_of_one_static_binary(
+    podman: Podman, redis_server: RedisServer, bundle: Path
 ) -> None:
-    # An Alpine-like root (musl's loader and nothing of glibc), or one with no libc at all.
-    root = tmp_path / "root"
-    (root / "lib").mkdir(parents=True)
-    if loader:
-        (root / "lib" / loader).write_bytes(b"")
-    tarball = tmp_path / "root.tar"
-    subprocess.run(["tar", "-C", str(root), "-cf", str(tarball), "."], check=True)
-    podman("import", "--quiet", str(tarball), "localhost/no-glibc:test")
+    # As a kubelet runs it: no /etc/passwd entry for the uid (podman adds one unless told not
+    # to), no time zone database, no CA store, no shell, a read-only root. The command checks
+    # what it was given, and fails the run if anything is there.
+    app = APPS["static"]
+    check = "test ! -e /etc/passwd && test ! -e /usr/share/zoneinfo && test ! -e /etc/ssl"
     done = subprocess.run(
-        [str(podman.binary), "run", "--rm", "--pull=never", "--read-only",
-         "-v", f"{bundle}:/cron-runner:ro", "localhost/no-glibc:test",
-         "/cron-runner/cron-runner", "exec", "--name", "x", "--", "true"],
+        [str(podman.binary), "run", "--rm", "--pull=never", "--read-only", "--passwd=false",
+         "--user", f"{DISTROLESS_UID}:{DISTROLESS_UID}", "-v", f"{bundle}:/cron-runner:ro",
+         "-e", f"CRON_RUNNER_REDIS_URL={redis_server.url}",
+         "-e", "CRON_RUNNER_TIMEZONE=Europe/Berlin",
+         "--entrypoint", "/cron-runner/cron-runner", app.image,
+         "exec", "--name", "scratch-check", "--", app.entrypoint[0], "sh", "-c", check],
         capture_output=True, text=True, timeout=60, check=False,
     )  # fmt: skip
-    podman("rmi", "localhost/no-glibc:test")
-    assert done.returncode == ConfigError.exit_code, done.stderr
+    assert done.returncode == 0, done.stderr
+    assert '"outcome":"ran"' in done.stderr.replace(" ", "") + done.stdout.replace(" ", "")
+
+
+@pytest.mark.parametrize(
+    "case",
+    [
+        ("/etc/pki/tls/certs/ca-bundle.crt", 0, '"outcome": "ran"'),  # where UBI keeps them
+        ("/etc/ssl/cert.pem", 0, '"outcome": "ran"'),  # where Alpine keeps them
+        # None there: the runner's own (Mozilla's) CAs, which do not know the test's CA: a
+        # clear refusal, not a crash for want of a CA store.
+        (None, ConfigError.exit_code, "CRON_RUNNER_REDIS_TLS_CA_FILE"),
+    ],
+    ids=["ubi-path", "alpine-path", "none"],
+)
+def test_tls_without_a_ca_file_trusts_the_images_own_cas(
+    podman: Podman, bundle: Path, tmp_path: Path, case: tuple[str | None, int, str]
+) -> None:
+    ca_path, code, says = case
+    # rediss:// with no CRON_RUNNER_REDIS_TLS_CA_FILE, in the image of one static binary: the
+    # bundle's OpenSSL looks where Debian keeps CAs, so the runner finds the image's own.
+    tls = make_tls_files(tmp_path)
+    mount = ["-v", f"{tls.ca_cert}:{ca_path}:ro"] if ca_path else []
+    with TlsRedisServer(tls, require_client_cert=False) as server:
+        done = subprocess.run(
+            [str(podman.binary), "run", "--rm", "--pull=never", "--read-only",
+             "--user", f"{DISTROLESS_UID}:{DISTROLESS_UID}", "-v", f"{bundle}:/cron-runner:ro",
+             *mount, "-e", f"CRON_RUNNER_REDIS_URL={server.url}",
+             "--entrypoint", "/cron-runner/cron-runner", APPS["static"].image,
+             "exec", "--name", "tls-check", "--", "/app/busybox", "true"],
+            capture_output=True, text=True, timeout=60, check=False,
+        )  # fmt: skip
+    assert done.returncode == code, done.stderr
     assert says in done.stderr
-    assert "glibc 2.36 or later" in done.stderr
+
+
+def test_the_command_gets_the_environment_the_runner_was_given(
+    redis_server: RedisServer, bundle: Path, tmp_path: Path
+) -> None:
+    # The bundle's loader and PyInstaller set variables for the runner itself; the command
+    # must not inherit them (with the bundle's C library on its library path, an app's
+    # program would load it through the image's own loader). The caller's own stay.
+    out = tmp_path / "env"
+    done = subprocess.run(
+        [str(bundle / "cron-runner"), "exec", "--name", "env-check", "--",
+         "sh", "-c", f"env > {out}"],
+        env={"PATH": os.environ["PATH"], "CRON_RUNNER_REDIS_URL": redis_server.url,
+             "LD_LIBRARY_PATH": "/opt/app/lib", "APP_SETTING": "kept"},
+        capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    env = dict(line.split("=", 1) for line in out.read_text().splitlines() if "=" in line)
+    assert env["LD_LIBRARY_PATH"] == "/opt/app/lib"
+    assert env["APP_SETTING"] == "kept"
+    assert [k for k in env if k.startswith(("_PYI", "LD_LIBRARY_PATH_ORIG"))] == []
 
 
 def test_import_runs_from_the_runner_image(podman: Podman) -> None:
