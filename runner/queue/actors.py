@@ -59,14 +59,14 @@ from runner.queue.jobs import (
     turn_later,
 )
 from runner.queue.options import JobPolicy, job_policy
+from runner.queue.runtime import TIME_LIMIT
 from runner.tasks import RunContext, TaskSpec, queue_options
 
 if TYPE_CHECKING:
-    from runner.queue.worker import Runtime
+    from runner.queue.runtime import Runtime
 
 T = TypeVar("T")
 REPLACED_REASON = "replaced by a run of a newer slot"
-TIME_LIMIT = "time limit"
 SHUTDOWN = "stopped for the worker's shutdown: put back on its queue"
 # The ``skipped`` field a slot that waits its turn writes on its marker before an acquire.
 WAITS_TURN = "waits_turn"

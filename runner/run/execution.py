@@ -62,7 +62,7 @@ from runner.run.policy import RECORDED, RECORDED_WITHOUT_SLOT, Policy, Skip, ove
 from runner.run.process import exit_now, reap_after_task
 from runner.run.targets import LeftBehind, Target
 from runner.schedule import catchup
-from runner.schedule.slots import resolve_slot, retention_s
+from runner.schedule.markers import resolve_slot, retention_s
 from runner.signals import Shutdown
 from runner.tasks import RunContext
 

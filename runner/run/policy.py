@@ -50,7 +50,7 @@ from runner.outcomes import (
 )
 from runner.schedule import catchup
 from runner.schedule.jobname import utc
-from runner.schedule.slots import stale_slot_reason
+from runner.schedule.markers import stale_slot_reason
 
 TICK_S: Final = 0.05
 
