@@ -148,11 +148,41 @@ def test_no_import_cycles() -> None:
     assert not cycles, f"{len(cycles)} import cycle(s) in runner/:\n" + "\n".join(lines)
 
 
+def _private(name: str) -> bool:
+    return name.startswith("_") and not name.startswith("__")
+
+
+def _private_attributes(name: str, path: Path, modules: dict[str, Path]) -> list[str]:
+    """``module._name`` where ``module`` is another runner module imported whole (``import
+    runner.x as m``, ``from runner import x``): the same reach as importing ``_name``."""
+    tree = ast.parse(path.read_text(), str(path))
+    bound: dict[str, str] = {}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            bound.update({a.asname: a.name for a in node.names if a.asname and a.name in modules})
+        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            for a in node.names:
+                if f"{node.module}.{a.name}" in modules:
+                    bound[a.asname or a.name] = f"{node.module}.{a.name}"
+    return [
+        f"{name}:{node.lineno} uses {bound[node.value.id]}.{node.attr}"
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Attribute)
+        and isinstance(node.value, ast.Name)
+        and bound.get(node.value.id, name) != name
+        and _private(node.attr)
+    ]
+
+
 def test_no_private_name_imported_from_another_module() -> None:
+    modules = _modules()
     private = [
         f"{i.where()} imports {name} from {i.target}"
         for i in _all_imports()
         for name in i.names
-        if name.startswith("_") and not name.startswith("__")
+        if _private(name)
+    ]
+    private += [
+        use for name, path in modules.items() for use in _private_attributes(name, path, modules)
     ]
     assert not private, "private names used across modules:\n" + "\n".join(private)
