@@ -27,6 +27,7 @@ def command_definition(argv: list[str]) -> str:
 def execute(
     settings: Settings, task_name: str, target: Target, what: str, asked: Asked | None = None
 ) -> int:
+    """One run of ``target`` under the task's lease, stopped by any stop signal: its exit code."""
     from runner.lease import store  # noqa: PLC0415
     from runner.run.execution import Execution  # noqa: PLC0415
     from runner.signals import Shutdown  # noqa: PLC0415
