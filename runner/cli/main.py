@@ -13,6 +13,7 @@ from collections.abc import Callable, MutableMapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from runner import __version__, logs, streams
+from runner.cli.launch import command_definition, execute
 from runner.config.settings import Settings, load_settings, task_environment
 from runner.config.sources import FLAG_DEST_PREFIX, OPTIONS_ATTR, setting_flags, setting_options
 from runner.config.urls import url_has_password
@@ -26,9 +27,6 @@ from runner.errors import (
 )
 
 if TYPE_CHECKING:
-    from runner.run.execution import Asked
-    from runner.run.observer import RunObserver
-    from runner.run.targets import Target
     from runner.tasks import CatchupOptions, RunOptions
 
 log = logging.getLogger("runner")
@@ -343,8 +341,8 @@ def cmd_run(args: argparse.Namespace, settings: Settings) -> int:
     if settings.run.mode == "enqueue":
         from runner.cli.queue import enqueue_target  # noqa: PLC0415 - queue mode only
 
-        return _execute(settings, name, enqueue_target(settings, spec), f"enqueue {spec.name}")
-    return _execute(settings, name, PythonTarget(spec.fn), f"run {spec.name}")
+        return execute(settings, name, enqueue_target(settings, spec), f"enqueue {spec.name}")
+    return execute(settings, name, PythonTarget(spec.fn), f"run {spec.name}")
 
 
 def with_task_options(settings: Settings, options: RunOptions) -> Settings:
@@ -391,64 +389,7 @@ def cmd_exec(args: argparse.Namespace, settings: Settings) -> int:
         )
     # This process runs nothing but the command: every other child it gets is the command's.
     target = CommandTarget(argv, adopt_descendants=True)
-    return _execute(settings, args.name, target, _command_definition(argv))
-
-
-def _command_definition(argv: list[str]) -> str:
-    """The program by name, not its arguments: a crontab line's `--date=$(date +%F)` must not
-    change the definition every day, and arguments may hold secrets (the definition is stored
-    in Redis and shown in errors). What can run a slot twice is the schedule and the zone."""
-    return f"exec {os.path.basename(argv[0])}"  # noqa: PTH119
-
-
-def _execute(
-    settings: Settings, task_name: str, target: Target, what: str, asked: Asked | None = None
-) -> int:
-    from runner.lease import store  # noqa: PLC0415
-    from runner.run.execution import Execution  # noqa: PLC0415
-    from runner.signals import Shutdown  # noqa: PLC0415
-
-    shutdown = Shutdown().install()
-    observer = run_observer(settings, task_name)
-    client = store.connect(settings.redis, settings.lease.ttl_s)
-    try:
-        result = Execution(
-            settings, client, task_name, target, shutdown, observer=observer, what=what,
-            asked=asked,
-        ).run()  # fmt: skip
-    finally:
-        client.close()
-        observer.close()
-    return result.exit_code
-
-
-def run_observer(settings: Settings, task_name: str) -> RunObserver:
-    """Telemetry and pings, each only when configured."""
-    observer = _telemetry_observer(settings, task_name)
-    if settings.run.ping_url is None:
-        return observer
-    from runner.run.observer import Observers, PingHook  # noqa: PLC0415
-
-    return Observers(observer, PingHook(settings.run.ping_url, settings.run.ping_timeout_s))
-
-
-def _telemetry_observer(settings: Settings, task_name: str) -> RunObserver:
-    """Telemetry when an OTLP endpoint is set; otherwise nothing of OpenTelemetry is imported."""
-    from runner.run.observer import NullObserver  # noqa: PLC0415
-
-    if not settings.telemetry.enabled:
-        return NullObserver()
-    try:
-        from runner.run.telemetry import RunTelemetry  # noqa: PLC0415 - heavy, and optional
-    except ImportError as exc:
-        log.warning(
-            "telemetry: an OTLP endpoint is set but OpenTelemetry is not installed "
-            "(pip install 'redis-cron-runner[telemetry]'); running without it: %s",
-            exc,
-            extra={"event": "telemetry_unavailable"},
-        )
-        return NullObserver()
-    return RunTelemetry(settings.telemetry, task_name, settings.lease.holder)
+    return execute(settings, args.name, target, command_definition(argv))
 
 
 def cmd_tasks(args: argparse.Namespace, settings: Settings) -> int:

@@ -156,11 +156,11 @@ def _target(args: argparse.Namespace, settings: Settings, verb: str) -> tuple[st
                 f"{verb}: CRON_RUNNER_MODE=enqueue needs a registered task (cron-runner {verb} "
                 "TASK): workers run registered tasks, not commands"
             )
-        from runner.cli.main import _command_definition  # noqa: PLC0415
+        from runner.cli.launch import command_definition  # noqa: PLC0415
         from runner.run.targets import CommandTarget  # noqa: PLC0415
 
         target = CommandTarget(argv, adopt_descendants=True)
-        return args.name, target, _command_definition(argv)
+        return args.name, target, command_definition(argv)
     if args.task is None:
         raise UsageError(f"{verb}: expected TASK, or --name NAME -- CMD ARGS...")
     from runner.tasks import Registry  # noqa: PLC0415
@@ -181,17 +181,18 @@ def _target(args: argparse.Namespace, settings: Settings, verb: str) -> tuple[st
 
 
 def cmd_trigger(args: argparse.Namespace, settings: Settings) -> int:
-    from runner.cli.main import _execute  # noqa: PLC0415
+    from runner.cli.launch import execute  # noqa: PLC0415
     from runner.run.execution import Asked  # noqa: PLC0415
 
     name, target, what = _target(args, settings, "trigger")
-    return _execute(settings, name, target, what, asked=Asked(None))
+    return execute(settings, name, target, what, asked=Asked(None))
 
 
 def backfill_slots(args: argparse.Namespace, settings: Settings, now_s: float) -> list[int]:
     """The slots of the range, oldest first, or ConfigError naming the flag that is wrong."""
     from runner.schedule.jobname import utc  # noqa: PLC0415
-    from runner.schedule.slots import Schedule, retention_s  # noqa: PLC0415
+    from runner.schedule.markers import retention_s  # noqa: PLC0415
+    from runner.schedule.slots import Schedule  # noqa: PLC0415
 
     start_s, end_s = parse_time(args.start, "--from"), parse_time(args.end, "--to")
     if end_s < start_s:

@@ -10,11 +10,11 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from runner import clock
+from runner.cli.access import connected, registered
 from runner.config.settings import Settings
 from runner.config.sources import parse_duration, parse_time
 from runner.errors import ConfigError, StoreUnavailable, UnknownTask, UsageError
@@ -265,25 +265,6 @@ def add_commands(sub: Any, add_flags: AddFlags) -> None:
     pause.add_commands(sub, add_flags)
 
 
-@contextmanager
-def _connected(settings: Settings, what: str) -> Iterator[Any]:
-    """A client that has answered a PING within the connect deadline (exit 69 if not); Redis
-    lost or refusing later is exit 69 or 78 too, not a traceback."""
-    from redis.exceptions import ConnectionError as RedisConnectionError  # noqa: PLC0415
-    from redis.exceptions import NoPermissionError, TimeoutError  # noqa: PLC0415
-
-    from runner.lease import store  # noqa: PLC0415
-
-    where = settings.redis.display_target
-    with store.connected(settings.redis, what) as client:
-        try:
-            yield client
-        except (RedisConnectionError, TimeoutError) as exc:
-            raise StoreUnavailable(f"{what}: lost Redis at {where}: {exc}") from exc
-        except NoPermissionError as exc:
-            raise ConfigError(f"{what}: the ACL user may not do this at {where}: {exc}") from exc
-
-
 def _write(text: str) -> None:
     sys.stdout.write(text)
 
@@ -292,16 +273,6 @@ def cmd_check(args: argparse.Namespace, settings: Settings) -> int:
     from runner.ops.check import Check  # noqa: PLC0415
 
     return Check(settings, sys.stdout).run(strict=args.strict)
-
-
-def _registered(settings: Settings, task: str) -> bool:
-    """A task of CRON_RUNNER_TASK_MODULES or the entry points: known, even before it runs."""
-    from runner.tasks import Registry  # noqa: PLC0415
-
-    try:
-        return task in Registry.discover(settings.run.task_modules).names()
-    except ConfigError:  # status is a read: tasks that cannot be imported here are not its job
-        return False
 
 
 def cmd_status(args: argparse.Namespace, settings: Settings) -> int:
@@ -316,7 +287,7 @@ def cmd_status(args: argparse.Namespace, settings: Settings) -> int:
         validate_name("TASK", args.task)
     now_s = clock.wall()
     lease = settings.lease
-    with _connected(settings, "status") as client:
+    with connected(settings, "status") as client:
         reader = Reader(client, lease.prefix, lease.scope)
         names = [args.task] if args.task else reader.tasks()
         statuses = reader.statuses(names, now_s=now_s, tolerance_s=args.tolerance)
@@ -324,7 +295,7 @@ def cmd_status(args: argparse.Namespace, settings: Settings) -> int:
         if not args.task:
             statuses = [s for s in statuses if s.known]
         queues = queue.status_for(client, settings, args.task)
-        if args.task and not (statuses[0].known or queues or _registered(settings, args.task)):
+        if args.task and not (statuses[0].known or queues or registered(settings, args.task)):
             # A typo, or another scope or prefix: an empty "free, never" row would hide both.
             known = ", ".join(reader.tasks()) or "none"
             raise UnknownTask(
@@ -376,7 +347,7 @@ def cmd_history(args: argparse.Namespace, settings: Settings) -> int:
             f"{MAX_HISTORY} (the run stream keeps about 1000 runs)"
         )
     lease = settings.lease
-    with _connected(settings, "history") as client:
+    with connected(settings, "history") as client:
         records = Reader(client, lease.prefix, lease.scope).history(args.task, args.n)
     if args.output == "json":
         runs = [report.record_json(r) for r in records]
@@ -415,7 +386,7 @@ def cmd_unlock(args: argparse.Namespace, settings: Settings) -> int:
     lease = settings.lease
     keys = TaskKeys(lease.prefix, lease.scope, args.task)
     record = journal.admin_record("unlocked", lease.holder, clock.wall())
-    with _connected(settings, "unlock") as client:
+    with connected(settings, "unlock") as client:
         result, token = unlock(client, keys, record, holder=args.holder)
     found = report.printable(holder_of(token)) if token else None
     fields = {"task": args.task, "holder": lease.holder, "run_holder": found}
@@ -445,7 +416,7 @@ def cmd_forget(args: argparse.Namespace, settings: Settings) -> int:
 
     _require_force(args, "forget", "It deletes the task's state and run history for good.")
     lease = settings.lease
-    with _connected(settings, "forget") as client:
+    with connected(settings, "forget") as client:
         reader = Reader(client, lease.prefix, lease.scope)
         token = client.get(reader.keys(args.task).lease)
         if token is not None:
@@ -476,7 +447,7 @@ def cmd_redefine(args: argparse.Namespace, settings: Settings) -> int:
 
     _require_force(args, "redefine", "The task's next scheduled run stores its definition.")
     lease = settings.lease
-    with _connected(settings, "redefine") as client:
+    with connected(settings, "redefine") as client:
         meta = Reader(client, lease.prefix, lease.scope).keys(args.task).meta
         stored = client.hget(meta, "definition")
         client.hdel(meta, "definition")
@@ -501,7 +472,7 @@ def cmd_watchdog(args: argparse.Namespace, settings: Settings) -> int:
     now_s = clock.wall()
     lease = settings.lease
     ignored = {validate_name("--ignore", name) for name in args.ignore}
-    with _connected(settings, "watchdog") as client:
+    with connected(settings, "watchdog") as client:
         reader = Reader(client, lease.prefix, lease.scope)
         for task, schedule, timezone in args.expect:
             reader.expect(task, schedule, timezone, now_s=now_s)
@@ -566,7 +537,7 @@ def cmd_ack(args: argparse.Namespace, settings: Settings) -> int:
     lease = settings.lease
     now_s = clock.wall()
     record = journal.admin_record("acknowledged", lease.holder, now_s)
-    with _connected(settings, "ack") as client:
+    with connected(settings, "ack") as client:
         reader = Reader(client, lease.prefix, lease.scope)
         # Judge what passed since the last watchdog first, so a slot `status` lists is here.
         reader.scan_ledger(args.task, now_s=now_s, tolerance_s=args.tolerance)

@@ -14,6 +14,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from runner import clock
+from runner.cli.access import connected, registered
 from runner.config.settings import Settings
 from runner.config.sources import TIME_FORM, parse_time
 from runner.errors import ConfigError, UnknownTask
@@ -91,7 +92,6 @@ def _check_known(
     name that has not, and is not a registered task either, is refused (unless ``force``),
     naming the known ones. Returns whether its state hash exists (it has run, or is expected).
     """
-    from runner.cli.ops import _registered  # noqa: PLC0415
     from runner.keys import TaskKeys  # noqa: PLC0415
     from runner.ops.state import Reader  # noqa: PLC0415
 
@@ -101,7 +101,7 @@ def _check_known(
     for key in (keys.meta, keys.state, keys.lease):
         pipe.exists(key)
     meta, state, held = (bool(n) for n in pipe.execute())
-    if force or meta or state or held or _registered(settings, task):
+    if force or meta or state or held or registered(settings, task):
         return state
     known = ", ".join(Reader(client, lease.prefix, lease.scope).tasks()) or "none"
     hint = " (or --force to pause it before its first run)" if command == "pause" else ""
@@ -115,7 +115,6 @@ def _check_known(
 def cmd_pause(args: argparse.Namespace, settings: Settings) -> int:
     from redis.exceptions import NoPermissionError  # noqa: PLC0415
 
-    from runner.cli.ops import _connected  # noqa: PLC0415
     from runner.keys import TaskKeys, validate_name  # noqa: PLC0415
     from runner.ops import report  # noqa: PLC0415
     from runner.ops.pause import Pause, pause  # noqa: PLC0415
@@ -130,7 +129,7 @@ def cmd_pause(args: argparse.Namespace, settings: Settings) -> int:
         )
     lease = settings.lease
     keys = TaskKeys(lease.prefix, lease.scope, args.task)
-    with _connected(settings, "pause") as client:
+    with connected(settings, "pause") as client:
         ran = _check_known(client, settings, args.task, "pause", force=args.force)
         done = pause(client, keys, by=lease.holder, at_s=now_s, note=args.note, until_s=until_s,
                      runs_maxlen=lease.history_length)  # fmt: skip
@@ -159,7 +158,6 @@ def cmd_pause(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def cmd_resume(args: argparse.Namespace, settings: Settings) -> int:
-    from runner.cli.ops import _connected  # noqa: PLC0415
     from runner.keys import TaskKeys, validate_name  # noqa: PLC0415
     from runner.ops import report  # noqa: PLC0415
     from runner.ops.pause import resume  # noqa: PLC0415
@@ -167,7 +165,7 @@ def cmd_resume(args: argparse.Namespace, settings: Settings) -> int:
     validate_name("TASK", args.task)
     lease = settings.lease
     keys = TaskKeys(lease.prefix, lease.scope, args.task)
-    with _connected(settings, "resume") as client:
+    with connected(settings, "resume") as client:
         _check_known(client, settings, args.task, "resume")
         done = resume(client, keys, by=lease.holder, at_s=clock.wall(),
                       runs_maxlen=lease.history_length)  # fmt: skip

@@ -114,7 +114,7 @@ def enqueue_target(settings: Settings, spec: TaskSpec) -> Any:
     """The target of ``cron-runner run TASK`` in enqueue mode (CRON_RUNNER_MODE=enqueue)."""
     from runner.config.queue import load_queue_settings  # noqa: PLC0415
     from runner.queue.enqueue import EnqueueTarget  # noqa: PLC0415
-    from runner.schedule.slots import retention_s  # noqa: PLC0415
+    from runner.schedule.markers import retention_s  # noqa: PLC0415
 
     if spec.source.startswith("reference"):
         raise ConfigError(

@@ -27,7 +27,7 @@ from collections.abc import Callable
 from redis.exceptions import RedisError
 
 from runner import clock
-from runner.config.timings import LeaseTimings
+from runner.config.timings import LeaseTimings, retry_interval_s
 from runner.errors import LeaseNotOwned, Preempted
 from runner.lease.scripts import Lease
 
@@ -53,8 +53,7 @@ class Keeper:
         timings = LeaseTimings(ttl_s)
         self.renew_interval_s = renew_interval_s or timings.renew_interval_s
         self.margin_s = timings.drift_margin_s
-        # Retries after an error come faster than renewals, but never spin.
-        self.retry_interval_s = max(0.05, min(1.0, self.renew_interval_s / 4))
+        self.retry_interval_s = retry_interval_s(self.renew_interval_s)
         self._confirmed_at = confirmed_at
         self._on_lost = on_lost
         self._on_renewed = on_renewed

@@ -59,14 +59,14 @@ from runner.queue.jobs import (
     turn_later,
 )
 from runner.queue.options import JobPolicy, job_policy
+from runner.queue.runtime import TIME_LIMIT
 from runner.tasks import RunContext, TaskSpec, queue_options
 
 if TYPE_CHECKING:
-    from runner.queue.worker import Runtime
+    from runner.queue.runtime import Runtime
 
 T = TypeVar("T")
 REPLACED_REASON = "replaced by a run of a newer slot"
-TIME_LIMIT = "time limit"
 SHUTDOWN = "stopped for the worker's shutdown: put back on its queue"
 # The ``skipped`` field a slot that waits its turn writes on its marker before an acquire.
 WAITS_TURN = "waits_turn"
@@ -208,7 +208,9 @@ class Actors:
         when asked: its TTL, its shutdown grace and 10 s (the workers share these settings)."""
         if job.policy.overlap_wait_s is not None:
             return job.policy.overlap_wait_s
-        return self.settings.lease.ttl_s + self.settings.run.shutdown_grace_s + 10.0
+        return self.settings.lease.timings.default_overlap_wait_s(
+            self.settings.run.shutdown_grace_s
+        )
 
     def _store(self, call: Callable[[], T], what: str) -> T:
         return store.within_connect_deadline(self.settings.redis, call, what=what)
@@ -242,13 +244,14 @@ class Actors:
             return
         ctx = RunContext(task=job.name, slot=job.slot, fencing_token=turn.fence,
                          holder=self.runtime.worker_id, logger=job.logger, payload=job.payload)  # fmt: skip
-        ttl_s = self.settings.lease.ttl_s
+        timings = self.settings.lease.timings
         keeper = Keeper(
             lease,
-            ttl_s=ttl_s,
+            ttl_s=timings.ttl_s,
             confirmed_at=turn.sent_at,
-            # Under replace a newer slot's request is seen at the next renewal: keep it near.
-            renew_interval_s=min(ttl_s / 3, 1.0) if job.policy.overlap == REPLACE else None,
+            renew_interval_s=timings.replace_renew_interval_s
+            if job.policy.overlap == REPLACE
+            else None,
             on_lost=lambda reason: ctx.cancel("lease lost"),
             logger=keeper_logger(job.logger),
         )

@@ -188,7 +188,7 @@ class Backfill:
             self._pause(min(clock.monotonic() + self._poll_s(), until))
 
     def _poll_s(self) -> float:
-        return max(TICK_S, min(1.0, self.settings.lease.ttl_s / 12))
+        return self.settings.lease.timings.holder_poll_s
 
     def _pause(self, until: float) -> None:
         while clock.monotonic() < until:

@@ -62,7 +62,7 @@ from runner.run.policy import RECORDED, RECORDED_WITHOUT_SLOT, Policy, Skip, ove
 from runner.run.process import exit_now, reap_after_task
 from runner.run.targets import LeftBehind, Target
 from runner.schedule import catchup
-from runner.schedule.slots import resolve_slot, retention_s
+from runner.schedule.markers import resolve_slot, retention_s
 from runner.signals import Shutdown
 from runner.tasks import RunContext
 
@@ -296,13 +296,12 @@ class Execution:
             with self.observer.phase("release"):
                 self._release(TERMINATED, exit_code(TERMINATED), self._stopped_before_start())
             return RunResult.of(TERMINATED, self._stopped_before_start())
-        ttl_s = self.settings.lease.ttl_s
+        lease_settings = self.settings.lease
         self.keeper = keeper = Keeper(
             self.lease,
-            ttl_s=ttl_s,
-            # Under replace a newer slot's request is seen at the next renewal: keep it near.
-            renew_interval_s=min(ttl_s / 3, 1.0)
-            if self.settings.lease.overlap_policy == REPLACE
+            ttl_s=lease_settings.ttl_s,
+            renew_interval_s=lease_settings.timings.replace_renew_interval_s
+            if lease_settings.overlap_policy == REPLACE
             else None,
             confirmed_at=self._sent_at,
             on_renewed=self._renewed,

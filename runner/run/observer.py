@@ -1,7 +1,7 @@
 """What a run tells its observers as it goes: telemetry and pings (docs/design.md, Monitoring).
 
 The run calls an observer on its own thread. Each observer is optional and imported only when
-configured (runner.cli.main.run_observer): OpenTelemetry for telemetry, runner.run.ping for
+configured (runner.cli.launch.run_observer): OpenTelemetry for telemetry, runner.run.ping for
 pings, and neither for a run that has none.
 """
 

@@ -50,7 +50,7 @@ from runner.outcomes import (
 )
 from runner.schedule import catchup
 from runner.schedule.jobname import utc
-from runner.schedule.slots import stale_slot_reason
+from runner.schedule.markers import stale_slot_reason
 
 TICK_S: Final = 0.05
 
@@ -80,7 +80,7 @@ def overlap_wait_s(settings: Settings) -> float:
     lease = settings.lease
     if lease.overlap_wait_s is not None:
         return lease.overlap_wait_s
-    default_s = lease.ttl_s + settings.run.shutdown_grace_s + 10.0
+    default_s = lease.timings.default_overlap_wait_s(settings.run.shutdown_grace_s)
     schedule = settings.slots.schedule
     if lease.overlap_policy != BUFFER_ONE or not schedule:
         return default_s
@@ -184,7 +184,7 @@ class Policy:
         return self._skipped(got)
 
     def _poll_s(self) -> float:
-        return max(TICK_S, min(1.0, self.settings.lease.ttl_s / 12))
+        return self.settings.lease.timings.holder_poll_s
 
     @staticmethod
     def _sleep_until(instant: float, stopping: Callable[[], bool], why: str) -> None:

@@ -17,7 +17,8 @@ from typing import TYPE_CHECKING, Final
 
 from runner.config.settings import ALLOW_OTHER_SLOTS, CATCHUP_NONE
 from runner.errors import ConfigError
-from runner.schedule.slots import Schedule, catchup_retention_s, retention_s
+from runner.schedule.markers import catchup_retention_s, retention_s
+from runner.schedule.slots import Schedule
 
 if TYPE_CHECKING:
     from runner.config.settings import Settings

@@ -9,9 +9,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
-import signal
 import socket
-import threading
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, NamedTuple
 
@@ -106,6 +104,7 @@ def cmd_serve(args: argparse.Namespace, settings: Settings) -> int:
             f"serve needs the 'serve' extra (pip install 'redis-cron-runner[serve]'): {exc}"
         ) from exc
     from runner.lease import store  # noqa: PLC0415
+    from runner.signals import Shutdown  # noqa: PLC0415
 
     lease = settings.lease
     # No PING first: serve starts while Redis is away, and /readyz says so.
@@ -119,15 +118,14 @@ def cmd_serve(args: argparse.Namespace, settings: Settings) -> int:
                 f"serve: cannot listen on {serve.host}:{serve.port}: {exc.strerror or exc} "
                 "(set --host/--port or CRON_RUNNER_SERVE_HOST/_PORT)"
             ) from exc
-        stop = threading.Event()
-        for signum in (signal.SIGTERM, signal.SIGINT):
-            signal.signal(signum, lambda *_: stop.set())
+        # The one stop flag: SIGTERM, SIGINT and every other stop signal end it cleanly.
+        shutdown = Shutdown().install()
         host, port = server.server_address[:2]
         log.info(
             f"serving on http://{host}:{port}/ (scope {lease.scope!r}, Redis {app.redis_target})",
             extra={"event": "serving", "port": port},
         )
-        serve_until_stopped(server, stop)
+        serve_until_stopped(server, shutdown)
     return 0
 
 

@@ -21,6 +21,7 @@ from runner.lease.replies import pong
 from runner.serve import pages
 from runner.serve.metrics import Exposition
 from runner.serve.snapshot import Source
+from runner.signals import Shutdown
 
 log = logging.getLogger("runner.serve")
 
@@ -135,10 +136,10 @@ def make_server(
     return server
 
 
-def serve_until_stopped(server: ThreadingHTTPServer, stop: threading.Event) -> None:
+def serve_until_stopped(server: ThreadingHTTPServer, shutdown: Shutdown) -> None:
     thread = threading.Thread(target=server.serve_forever, name="serve-http", daemon=True)
     thread.start()
-    stop.wait()
+    shutdown.wait()
     server.shutdown()
     server.server_close()
     thread.join(timeout=5)

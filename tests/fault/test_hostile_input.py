@@ -26,7 +26,7 @@ from runner.errors import ConfigError, UnknownTask
 from runner.keys import TaskKeys
 from runner.lease import store
 from runner.queue.options import message_options
-from runner.schedule.slots import resolve_slot, retention_s, stale_slot_reason
+from runner.schedule.markers import resolve_slot, retention_s, stale_slot_reason
 from runner.tasks import Registry, RunContext, task
 from tests.fault.conftest import Figure
 from tests.helpers.proc import CRON_RUNNER, runner_env

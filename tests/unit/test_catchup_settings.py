@@ -14,7 +14,8 @@ import pytest
 from runner.config.settings import Settings, load_settings
 from runner.errors import ConfigError
 from runner.schedule.catchup import candidates, check_catchup, chosen, starting_deadline_s
-from runner.schedule.slots import Schedule, retention_s
+from runner.schedule.markers import retention_s
+from runner.schedule.slots import Schedule
 from runner.tasks import catchup_options, task
 
 AT_13 = int(datetime(2026, 3, 4, 13, 0, tzinfo=UTC).timestamp())

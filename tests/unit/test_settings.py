@@ -147,7 +147,7 @@ def test_cronjob_pod_start_path_needs_no_schedule_machinery() -> None:
     code = (
         "import os, sys;"
         "from runner.config.settings import load_settings;"
-        "from runner.schedule.slots import resolve_slot, stale_slot_reason;"
+        "from runner.schedule.markers import resolve_slot, stale_slot_reason;"
         "s = load_settings({'CRON_RUNNER_JOB_NAME': 'x-29934000', 'CRON_RUNNER_CRONJOB_NAME': 'x',"
         " 'CRON_RUNNER_SCHEDULE': '* * * * *',"
         " 'CRON_RUNNER_SCHEDULED_TIMESTAMP': '2026-11-30T13:00:00+01:00'});"
