@@ -54,7 +54,8 @@ from runner.logs import run_logger
 from runner.run.policy import Policy
 from runner.schedule import cron as cronexpr
 from runner.schedule.jobname import slot_from_job_name
-from runner.schedule.slots import Schedule, resolve_slot
+from runner.schedule.markers import resolve_slot
+from runner.schedule.slots import Schedule
 from tests.schedule import test_robfig_oracle as robfig_test
 from tests.schedule.conftest import Oracle
 
