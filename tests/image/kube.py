@@ -2,11 +2,13 @@
 
 podman 4.3's `kube play` knows Pods but not Jobs or CronJobs, so this does the Job
 controller's and the kubelet's part: it names the Job `<cronjob>-<minutes since epoch>`,
-labels the Pod with it, and fills the downward-API variables the chart asks for.
+labels the Pod with it, fills the downward-API variables the chart asks for, and writes the
+Secret volumes as a kubelet does.
 """
 
 from __future__ import annotations
 
+import base64
 import copy
 import json
 import os
@@ -15,7 +17,7 @@ import shutil
 import socket
 import subprocess
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +34,8 @@ CONTAINER = "cron-runner"
 FIGURES: list[str] = []
 
 Manifest = dict[str, Any]
+# A Secret volume's files when neither the volume nor the item gives a mode (the API's default).
+SECRET_DEFAULT_MODE = 0o644
 
 
 def render_cronjobs(values: Mapping[str, Any]) -> dict[str, Manifest]:
@@ -76,8 +80,113 @@ def _field(pod: Manifest, path: str) -> str:
     return str(meta.get(keyed[1], {}).get(keyed[2], ""))
 
 
-def job_pod(cronjob: Manifest, *, job: str, pod_name: str) -> Manifest:
-    """The Pod of Job `job`, from the CronJob's own template, ready for `podman kube play`."""
+def secret(name: str, data: Mapping[str, str], namespace: str = NAMESPACE) -> Manifest:
+    """A Secret as the API server stores it: each value base64-encoded under `data`."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "metadata": {"name": name, "namespace": namespace},
+        "type": "Opaque",
+        "data": {k: base64.b64encode(v.encode()).decode() for k, v in data.items()},
+    }
+
+
+def _secret_files(
+    volume: Manifest, secrets: Sequence[Manifest], namespace: str
+) -> dict[str, tuple[bytes, int]]:
+    """The files a kubelet writes for a `secret` volume: path -> (content, mode)."""
+    source = volume["secret"]
+    found = [
+        s
+        for s in secrets
+        if s["metadata"]["name"] == source["secretName"]
+        and s["metadata"].get("namespace", namespace) == namespace
+    ]
+    optional = source.get("optional", False)
+    # A kubelet leaves such a pod in ContainerCreating; a test that forgot the Secret says so.
+    assert found or optional, (
+        f"volume {volume['name']!r} mounts Secret {source['secretName']!r}, which the test did "
+        "not give to job_pod"
+    )
+    data: dict[str, bytes] = {}
+    if found:
+        data = {k: base64.b64decode(v) for k, v in (found[0].get("data") or {}).items()}
+        # stringData, as the API server merges it into data on write.
+        data |= {k: v.encode() for k, v in (found[0].get("stringData") or {}).items()}
+    default_mode = source.get("defaultMode", SECRET_DEFAULT_MODE)
+    items = source.get("items")
+    if items is None:
+        return {key: (value, default_mode) for key, value in data.items()}
+    files = {}
+    for item in items:
+        assert item["key"] in data or optional, (
+            f"Secret {source['secretName']!r} has no key {item['key']!r} (volume {volume['name']!r})"
+        )
+        if item["key"] in data:
+            files[item["path"]] = (data[item["key"]], item.get("mode", default_mode))
+    return files
+
+
+def _write_secret_volume(directory: Path, files: Mapping[str, tuple[bytes, int]]) -> None:
+    """The kubelet's layout (its atomic writer): the files in a timestamped directory, `..data`
+    linking to it, and a link per top-level name into `..data`. Everything is owned by root:
+    without fsGroup the kubelet changes no group, so only the mode lets another uid read."""
+    stamp = directory / time.strftime("..%Y_%m_%d_%H_%M_%S.0000000001", time.gmtime())
+    stamp.mkdir(parents=True)
+    for relative, (content, mode) in files.items():
+        path = stamp / relative
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(content)
+        os.chown(path, 0, 0)
+        path.chmod(mode)  # exactly the volume's or the item's mode, not masked by our umask
+    for sub in [stamp, *(p for p in stamp.rglob("*") if p.is_dir())]:
+        os.chown(sub, 0, 0)
+        sub.chmod(0o755)
+    (directory / "..data").symlink_to(stamp.name)
+    for top in sorted({relative.split("/")[0] for relative in files}):
+        (directory / top).symlink_to(f"..data/{top}")
+    # The volume's own directory, as a kubelet makes it (a tmpfs, drwxrwxrwt).
+    os.chown(directory, 0, 0)
+    directory.chmod(0o1777)
+
+
+def _mount_secrets(pod: Manifest, secrets: Sequence[Manifest], volumes_dir: Path | None) -> None:
+    """Each `secret` volume becomes a read-only bind mount of the files a kubelet would write:
+    podman 4.3 has no Secret volumes of the Kubernetes kind."""
+    spec = pod["spec"]
+    mounted = set()
+    for volume in spec.get("volumes", []):
+        if "secret" not in volume:
+            continue
+        assert volumes_dir is not None, (
+            f"volume {volume['name']!r} is a Secret: give job_pod a volumes_dir to write it in"
+        )
+        # Per pod, as the kubelet writes each pod's own copy.
+        directory = volumes_dir / pod["metadata"]["name"] / volume["name"]
+        files = _secret_files(volume, secrets, pod["metadata"]["namespace"])
+        _write_secret_volume(directory, files)
+        volume.pop("secret")
+        volume["hostPath"] = {"path": str(directory), "type": "Directory"}
+        mounted.add(volume["name"])
+    for container in spec["containers"] + spec.get("initContainers", []):
+        for mount in container.get("volumeMounts", []):
+            if mount["name"] in mounted:
+                # A kubelet mounts Secret volumes read-only whatever the mount says.
+                mount["readOnly"] = True
+
+
+def job_pod(
+    cronjob: Manifest,
+    *,
+    job: str,
+    pod_name: str,
+    secrets: Sequence[Manifest] = (),
+    volumes_dir: Path | None = None,
+) -> Manifest:
+    """The Pod of Job `job`, from the CronJob's own template, ready for `podman kube play`.
+
+    Its Secret volumes are written from `secrets` (Secret objects) into `volumes_dir`.
+    """
     template = copy.deepcopy(cronjob["spec"]["jobTemplate"]["spec"]["template"])
     labels = {
         **template["metadata"].get("labels", {}),
@@ -119,6 +228,7 @@ def job_pod(cronjob: Manifest, *, job: str, pod_name: str) -> Manifest:
                 continue
             assert set(source) == {"fieldRef"}, f"{env['name']}: {source} is not a fieldRef"
             env["value"] = _field(pod, source["fieldRef"]["fieldPath"])
+    _mount_secrets(pod, secrets, volumes_dir)
     del pod["metadata"]["uid"]
     return pod
 

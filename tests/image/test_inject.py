@@ -10,9 +10,11 @@ glibc 2.31. The last three run as the distroless uid 65532, which has no /etc/pa
 from __future__ import annotations
 
 import os
+import stat
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -33,6 +35,7 @@ from tests.image.kube import (
     job_name,
     job_pod,
     render_cronjobs,
+    secret,
 )
 
 pytestmark = pytest.mark.image
@@ -175,6 +178,101 @@ def test_three_pods_of_one_slot_run_the_apps_job_once(
     assert not r.exists(keys(f"{app}-report").lease)
     assert r.exists(keys(f"{app}-report").slot(slot_s))
     assert image_id(podman, image) == before, "the app image must not change"
+
+
+PASSWORD = "app-redis-s3cret"
+PASSWORD_SECRET = "app-redis"
+
+
+@pytest.fixture
+def locked_redis() -> Iterator[RedisServer]:
+    with RedisServer(extra_args=["--requirepass", PASSWORD]) as server:
+        yield server
+
+
+def password_pods(
+    locked_redis: RedisServer, effects: Path, volumes: Path, name: str, mode: int | None = None
+) -> tuple[list[Manifest], int]:
+    """Three pods of one slot of a distroless task (uid 65532, no fsGroup) that reads the Redis
+    password from the release's existing Secret; `mode` replaces the rendered defaultMode."""
+    task = app_task("static", effects)
+    assert APPS["static"].uid == DISTROLESS_UID and "fsGroup" not in task["podSecurityContext"]
+    auth = {"existingSecret": PASSWORD_SECRET, "passwordKey": "redis-password"}
+    cronjob = render_cronjobs(
+        {"redis": {"url": locked_redis.url, "auth": auth}, "tasks": {name: task}}
+    )[name]
+    if mode is not None:
+        spec = cronjob["spec"]["jobTemplate"]["spec"]["template"]["spec"]
+        (volume,) = [v for v in spec["volumes"] if v["name"] == "redis-password"]
+        volume["secret"]["defaultMode"] = mode
+    # The Secret holds more than the password, as a shared one does: the volume takes its key.
+    secrets = [secret(PASSWORD_SECRET, {"redis-password": PASSWORD, "redis-url": locked_redis.url})]
+    slot_s = int(time.time()) // 300 * 300
+    job = job_name(cronjob, slot_s)
+    pods = [
+        job_pod(cronjob, job=job, pod_name=f"{job}-{s}", secrets=secrets, volumes_dir=volumes)
+        for s in ("p2w8d", "h6r3k", "m5t9j")
+    ]
+    return pods, slot_s
+
+
+def password_file(volumes: Path, pod: Manifest) -> os.stat_result:
+    """What the pod's container sees at /etc/cron-runner/redis-password/password."""
+    name: str = pod["metadata"]["name"]
+    return (volumes / name / "redis-password" / "password").stat()
+
+
+def test_the_injected_runner_as_uid_65532_without_fs_group_reads_the_redis_password(
+    podman: Podman, locked_redis: RedisServer, effects: Path, tmp_path: Path
+) -> None:
+    # The distroless pattern: the app's uid is neither the owner of the kubelet's root-owned
+    # files nor in their group, and no fsGroup changes that; only the chart's mode can.
+    volumes = tmp_path / "volumes"
+    pods, slot_s = password_pods(locked_redis, effects, volumes, "static-locked")
+    containers = [container_of(p) for p in pods]
+
+    podman.play_at_once(pods)
+    assert podman.wait_exit_codes(containers) == [0, 0, 0], [
+        podman("logs", c, with_stderr=True) for c in containers
+    ]
+    played = podman("inspect", "--format", "{{.Config.User}}", *containers)
+    assert played.split() == [f"{DISTROLESS_UID}:{DISTROLESS_UID}"] * 3
+    assert all("fsGroup" not in p["spec"]["securityContext"] for p in pods)
+    for pod in pods:
+        mounted = password_file(volumes, pod)
+        assert (mounted.st_uid, mounted.st_gid) == (0, 0)
+        assert stat.S_IMODE(mounted.st_mode) & 0o004, "readable by a uid of no group: others"
+    outcomes = sorted(final(podman, c)["outcome"] for c in containers)
+    assert outcomes.count("ran") == 1, outcomes
+    assert set(outcomes) - {"ran"} <= {"skipped_done", "skipped_held"}, outcomes
+    runs = (effects / "runs.log").read_text().splitlines()
+    assert len(runs) == 1 and runs[0].startswith("static"), runs
+    with pytest.raises(redis.AuthenticationError):
+        locked_redis.client().ping()  # the Redis does ask for the password
+    client = locked_redis.client(password=PASSWORD)
+    assert client.exists(keys("static-locked").slot(slot_s))
+    assert not client.exists(keys("static-locked").lease)
+
+
+def test_a_password_file_the_apps_uid_cannot_read_fails_every_run_with_78(
+    podman: Podman, locked_redis: RedisServer, effects: Path, tmp_path: Path
+) -> None:
+    # The control: 0440 on root-owned files, which the chart mounted before, shuts uid 65532
+    # out. A clear refusal (78, which the Job does not retry), nothing run, the slot free.
+    volumes = tmp_path / "volumes"
+    pods, slot_s = password_pods(locked_redis, effects, volumes, "static-shut", mode=0o440)
+    containers = [container_of(p) for p in pods]
+
+    podman.play_at_once(pods)
+    assert podman.wait_exit_codes(containers) == [ConfigError.exit_code] * 3
+    for pod, container in zip(pods, containers, strict=True):
+        assert stat.S_IMODE(password_file(volumes, pod).st_mode) == 0o440
+        says = podman("logs", container, with_stderr=True)
+        assert "CRON_RUNNER_REDIS_PASSWORD_FILE" in says and "PermissionError" in says, says
+    assert not (effects / "runs.log").exists()
+    client = locked_redis.client(password=PASSWORD)
+    assert not client.exists(keys("static-shut").slot(slot_s))
+    assert not client.exists(keys("static-shut").lease)
 
 
 def pid_1_of(podman: Podman, container: str) -> tuple[str, list[str], str]:
