@@ -139,9 +139,11 @@ k8s-up:
 k8s-down:
 	scripts/k8s-down.sh
 
-# The end-to-end tests against that cluster (tests/e2e), starting it if it is not running.
+# The end-to-end tests against that cluster (tests/e2e), starting it if it is not running, with
+# the runner image and the bundled Redis's image loaded into its node.
 e2e: $(STAMP)
 	scripts/k8s-up.sh
+	scripts/k8s-images.sh
 	$(BIN)/pytest -m e2e tests/e2e $(PYTEST_ARGS)
 
 # The user's real path, for machines with Docker, kind, helm and kubectl (not CI's).

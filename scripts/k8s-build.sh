@@ -3,7 +3,7 @@
 # the small modules under k8s/ (go.mod + go.sum). Each binary is built once per version into
 # ${CRON_RUNNER_K8S_CACHE:-/var/cache/cron-runner/k8s}; a later run finds it there and skips it.
 #
-#   scripts/k8s-build.sh                 everything (control plane, node, etcd, helm)
+#   scripts/k8s-build.sh                 everything (control plane, node, etcd, helm, CoreDNS)
 #   scripts/k8s-build.sh control-plane   what `make k8s-up` needs: apiserver, controller-manager,
 #                                        scheduler, kubectl, etcd, helm
 set -euo pipefail
@@ -64,3 +64,8 @@ build etcd "$ETCD_BIN" etcdctl go.etcd.io/etcd/etcdctl/v3 "$etcd_ldflags"
 helm_ldflags="-s -w -X helm.sh/helm/v4/internal/version.version=$HELM_VERSION"
 helm_ldflags+=" -X helm.sh/helm/v4/internal/version.gitTreeState=clean"
 build helm "$HELM_BIN" helm helm.sh/helm/v4/cmd/helm "$helm_ldflags"
+
+# Only when the node is wanted: the cluster's DNS, run by k8s-up.sh on the node's address.
+if [[ ${1:-all} == all ]]; then
+    build coredns "$COREDNS_BIN" coredns github.com/coredns/coredns "-s -w"
+fi

@@ -34,7 +34,25 @@ stop() {
 }
 
 # The node first (its pods talk to the API server while they stop), then the control plane.
-for name in kube-proxy kubelet containerd kube-scheduler kube-controller-manager kube-apiserver etcd; do
+for name in coredns kube-proxy kubelet; do
+    stop "$name"
+done
+
+# The containers' processes outlive their shims (they are reparented to init): kill every
+# process in the pods' cgroups (the kubelet's cgroupfs driver puts them under kubepods/), then
+# remove those cgroups, so no container and no network namespace it holds is left.
+kubepods=(/sys/fs/cgroup/*/kubepods)
+if [[ -f $run/node.env && -d ${kubepods[0]} ]]; then
+    for _ in $(seq 50); do
+        pids=$(find "${kubepods[@]}" -name cgroup.procs -exec cat {} + 2>/dev/null | sort -u)
+        [[ -n $pids ]] || break
+        # shellcheck disable=SC2086 # one pid a word
+        kill -KILL $pids 2>/dev/null || true
+        sleep 0.2
+    done
+fi
+
+for name in containerd kube-scheduler kube-controller-manager kube-apiserver etcd; do
     stop "$name"
 done
 
@@ -51,14 +69,22 @@ if [[ -d $K8S_STATE ]]; then
         while read -r m; do umount -l "$m" 2>/dev/null || true; done
 fi
 
-# The node's pod network, when a node was started: the network namespaces the CNI plugins made
-# for its pods and the node's bridge.
+# The node's network, when a node was started: the network namespaces the CNI plugins made for
+# its pods, the bridge, the node's interface, and the iptables chains the kubelet,
+# kube-proxy and the CNI plugins added (KUBE-*, CNI-*), with the rules that jump to them.
 if [[ -f $run/node.env ]]; then
     . "$run/node.env"
     for ns in $(ip netns list 2>/dev/null | awk '{print $1}' | grep '^cni-' || true); do
         ip netns delete "$ns" 2>/dev/null || true
     done
     ip link delete "${NODE_BRIDGE:?}" 2>/dev/null || true
+    ip link delete "${NODE_IFACE:?}" 2>/dev/null || true
+    find /sys/fs/cgroup/*/kubepods -depth -type d -exec rmdir {} + 2>/dev/null || true
+    # Each table rewritten without the chains named KUBE-* and CNI-* and the rules that use them;
+    # the rules of other programs stay as they are.
+    for table in filter nat mangle; do
+        iptables-save -t "$table" | grep -vE '(KUBE|CNI)-' | iptables-restore -T "$table"
+    done
 fi
 
 rm -rf "$run" "$K8S_STATE/etcd" "$K8S_STATE/node" "$K8S_STATE/kubeconfig"

@@ -15,6 +15,7 @@ module_version() {
 K8S_VERSION=$(module_version kubernetes k8s.io/kubernetes)
 ETCD_VERSION=$(module_version etcd go.etcd.io/etcd/server/v3)
 HELM_VERSION=$(module_version helm helm.sh/helm/v4)
+COREDNS_VERSION=$(module_version coredns github.com/coredns/coredns)
 
 # Built binaries live outside the work tree, one directory per version, so that every worktree
 # and every later run of the same versions skips the build.
@@ -22,6 +23,7 @@ K8S_CACHE=${CRON_RUNNER_K8S_CACHE:-/var/cache/cron-runner/k8s}
 K8S_BIN=$K8S_CACHE/$K8S_VERSION/bin
 ETCD_BIN=$K8S_CACHE/etcd-$ETCD_VERSION/bin
 HELM_BIN=$K8S_CACHE/helm-$HELM_VERSION/bin
+COREDNS_BIN=$K8S_CACHE/coredns-$COREDNS_VERSION/bin
 
 # The running cluster's state: PKI, etcd data, logs, pid files, kubeconfig.
 K8S_STATE=${CRON_RUNNER_K8S_STATE:-$K8S_REPO/.k8s}

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
-# Starts a Kubernetes control plane from the binaries scripts/k8s-build.sh made: etcd,
+# Starts a single-node Kubernetes from the binaries scripts/k8s-build.sh made: etcd,
 # kube-apiserver, kube-controller-manager and kube-scheduler, as plain background processes on
-# free ports of 127.0.0.1, with their state, logs and pid files under .k8s/. Writes
-# .k8s/kubeconfig and puts kubectl and helm in .k8s/bin/. Run scripts/k8s-down.sh to stop it.
+# free ports of 127.0.0.1, then the node (scripts/k8s-node.sh: containerd, kubelet, kube-proxy,
+# CoreDNS), with their state, logs and pid files under .k8s/. Writes .k8s/kubeconfig and puts
+# kubectl and helm in .k8s/bin/. Run scripts/k8s-down.sh to stop it.
 #
 # For a throwaway VM or a CI machine only (docs/kubernetes-dev.md).
 set -euo pipefail
@@ -19,7 +20,7 @@ if [[ -f $kubeconfig ]] && "$K8S_STATE/bin/kubectl" --kubeconfig "$kubeconfig" \
     exit 0
 fi
 
-"$K8S_REPO/scripts/k8s-build.sh" control-plane
+"$K8S_REPO/scripts/k8s-build.sh" all
 
 started=0
 cleanup() {
@@ -97,7 +98,8 @@ start etcd "$ETCD_BIN/etcd" --name dev --data-dir "$K8S_STATE/etcd" \
     --listen-metrics-urls "" --log-level warn
 
 # Bound to 127.0.0.1 only. The `kubernetes` Service gets no endpoints (a loopback address is
-# refused there, and pods could not reach it anyway): nothing in the cluster needs it yet.
+# refused there, and pods could not reach it anyway): nothing in the cluster needs it yet. It
+# reaches the kubelet (logs, exec) at the node's InternalIP.
 start kube-apiserver "$K8S_BIN/kube-apiserver" \
     --bind-address 127.0.0.1 --advertise-address 127.0.0.1 --secure-port "$apiserver" \
     --endpoint-reconciler-type none \
@@ -110,6 +112,7 @@ start kube-apiserver "$K8S_BIN/kube-apiserver" \
     --service-account-issuer https://kubernetes.default.svc.cluster.local \
     --service-account-key-file "$pki/sa.pub" \
     --service-account-signing-key-file "$pki/sa.key" \
+    --kubelet-preferred-address-types InternalIP \
     --authorization-mode Node,RBAC --allow-privileged=true
 
 write_kubeconfig "$kubeconfig" admin
@@ -149,5 +152,6 @@ wait_for "kube-controller-manager" 120 "${kubectl[@]}" get serviceaccount defaul
 for name in etcd kube-apiserver kube-controller-manager kube-scheduler; do
     kill -0 "$(cat "$run/$name.pid")" 2>/dev/null || k8s_die "$name exited; see $logs/$name.log"
 done
+"$K8S_REPO/scripts/k8s-node.sh"
 started=0
 k8s_log "up: export KUBECONFIG=$kubeconfig PATH=$K8S_STATE/bin:\$PATH"

@@ -23,8 +23,14 @@ class Cluster:
         self.bin = state / "bin"
 
     def run(self, tool: str, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+        # From the repository's root, as the README's commands are typed (charts/cron-runner).
         proc = subprocess.run(
-            [str(self.bin / tool), *args], env=self.env, capture_output=True, text=True, timeout=120
+            [str(self.bin / tool), *args],
+            env=self.env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+            cwd=REPO,
         )
         if check and proc.returncode != 0:
             raise AssertionError(f"{tool} {' '.join(args)} exited {proc.returncode}: {proc.stderr}")
@@ -57,3 +63,5 @@ class Cluster:
         self.kubectl(
             "delete", "namespace", name, "--ignore-not-found", "--wait=true", "--timeout=90s"
         )
+        # The bundled Redis's claim went with it: offer its volume again.
+        subprocess.run([str(REPO / "scripts/k8s-node.sh"), "volumes"], env=self.env, check=True)

@@ -1,10 +1,10 @@
 """The chart installed on a real API server, with the real CronJob and Job controllers.
 
-`make k8s-up` starts a control plane (no node): every object must be admitted, the CronJob
-controller must name its Jobs as the runner reads them, and a Job made with
-`kubectl create job --from=cronjob/...` must get its pod from the Job controller, under the
-namespace's Pod Security "restricted" admission. Pods stay Pending: there is no kubelet. The
-bundled Redis keeps its data claim, which stays Pending too: there is no volume provisioner.
+Every object must be admitted, the CronJob controller must name its Jobs as the runner reads
+them, and a Job made with `kubectl create job --from=cronjob/...` must get its pod from the Job
+controller, under the namespace's Pod Security "restricted" admission. The image here is the
+README's example, never imported and never pulled (`pullPolicy: Never`): the task pods stay
+Pending on the node, and nothing leaves this machine. test_quickstart.py runs the real image.
 """
 
 from __future__ import annotations
@@ -39,6 +39,7 @@ def release(cluster: Cluster) -> Iterator[Cluster]:
         "--set", "tasks.minutely.command={true}",
         "--set", "image.repository=my-registry/my-app-with-cron-runner",
         "--set", "image.tag=2024.06.1",
+        "--set", "image.pullPolicy=Never",
     )  # fmt: skip
     cluster.kubectl(
         "label", "namespace", NAMESPACE, "pod-security.kubernetes.io/enforce=restricted",
@@ -83,7 +84,7 @@ def test_create_job_from_cronjob_gets_a_pod_admitted_as_restricted(release: Clus
     )
     (pod,) = pods["items"]
     assert pod["metadata"]["ownerReferences"][0]["name"] == "cron-runner-report-manual"
-    assert pod["status"]["phase"] == "Pending"  # no node
+    assert pod["status"]["phase"] == "Pending"  # its image is not on the node
 
 
 def test_cronjob_controller_names_the_job_by_its_minute(release: Cluster) -> None:
