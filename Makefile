@@ -141,10 +141,11 @@ k8s-down:
 
 # The end-to-end tests against that cluster (tests/e2e), starting it if it is not running, with
 # the runner image and the bundled Redis's image loaded into its node.
+# A failure stops the cluster (its logs kept in .k8s/logs); a pass leaves it up for a look.
 e2e: $(STAMP)
 	scripts/k8s-up.sh
-	scripts/k8s-images.sh
-	$(BIN)/pytest -m e2e tests/e2e $(PYTEST_ARGS)
+	scripts/k8s-images.sh || { scripts/k8s-down.sh --keep-logs; exit 1; }
+	$(BIN)/pytest -m e2e tests/e2e $(PYTEST_ARGS) || { scripts/k8s-down.sh --keep-logs; exit 1; }
 
 # The user's real path, for machines with Docker, kind, helm and kubectl (not CI's).
 e2e-kind:
