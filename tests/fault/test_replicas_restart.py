@@ -14,7 +14,7 @@ from runner.testing import RedisServer
 from tests.fault.common import DOCUMENTED_EXIT_CODES, assert_clean, event_time
 from tests.fault.conftest import Figure
 from tests.helpers.proc import outcome, runner_env, spawn
-from tests.helpers.wait import clear_of_slot_edge
+from tests.helpers.wait import schedule_far_from_edges
 
 REPLICAS = 50
 
@@ -27,12 +27,12 @@ def test_row8_50_replicas_while_redis_restarts_run_once_and_all_exit_documented(
                f'echo "start $CRON_RUNNER_HOLDER $(date +%s.%N)" >> {effects}; sleep 2; '
                f'echo "end $CRON_RUNNER_HOLDER $(date +%s.%N)" >> {effects}']  # fmt: skip
     procs: list[subprocess.Popen[str]] = []
-    clear_of_slot_edge(300, needed_s=60)
+    schedule = schedule_far_from_edges(300)  # every replica computes the same slot
     with RedisServer(appendonly=True) as server:
         # The TTL outlasts the outage plus a renew interval: the holder keeps its lease. (If
         # it did not, it would stop its task and another replica would run the slot, never
         # at the same time, and only one would succeed: the assertions below allow that.)
-        env = runner_env(server.url, CRON_RUNNER_SCHEDULE="*/5 * * * *",
+        env = runner_env(server.url, CRON_RUNNER_SCHEDULE=schedule,
                          CRON_RUNNER_LEASE_TTL="5s", CRON_RUNNER_CONNECT_TIMEOUT="5s")  # fmt: skip
         for i in range(REPLICAS):
             if i == REPLICAS // 2:

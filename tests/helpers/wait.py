@@ -1,6 +1,5 @@
 from __future__ import annotations
 
-import math
 import time
 from collections.abc import Callable
 
@@ -16,14 +15,18 @@ def wait_for(
         time.sleep(0.01)
 
 
-def clear_of_slot_edge(period_s: int, tolerance_s: float = 30.0, needed_s: float = 20.0) -> None:
-    """Sleep, if need be, until no slot edge falls within the next ``needed_s`` seconds.
+def schedule_far_from_edges(period_s: int, tolerance_s: float = 30.0) -> str:
+    """A schedule firing every ``period_s`` (300 or 3600) whose slot edges sit far from now.
 
-    With a schedule, a run takes the latest fire time at or before now + tolerance, so the
-    slot changes at each fire time minus the tolerance. Runs of one test that must share a
-    slot start clear of that edge; a run on each side of it would each see a fresh slot.
+    A run takes the latest fire time at or before now + tolerance, so the slot changes at each
+    fire time minus the tolerance. Runs of one test that must share a slot need that edge far
+    away: the schedule's minute offset is chosen so the next edge is about half a period off
+    (two to three minutes for a five-minute schedule), instead of waiting for the clock.
     """
-    now = time.time()
-    edge = (math.floor((now + tolerance_s) / period_s) + 1) * period_s - tolerance_s
-    if edge - now < needed_s:
-        time.sleep(edge - now + 0.2)
+    if period_s not in (300, 3600):
+        raise ValueError(f"period_s must be 300 or 3600, not {period_s}")
+    next_fire = time.time() + tolerance_s + period_s / 2
+    offset_min = int(next_fire // 60) % (period_s // 60)
+    if period_s == 3600:
+        return f"{offset_min} * * * *"
+    return f"{offset_min}-59/5 * * * *"

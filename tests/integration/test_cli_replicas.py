@@ -9,9 +9,7 @@ import redis
 
 from runner.testing import RedisServer
 from tests.helpers.proc import events, outcome, run, runner_env, side_effects, spawn
-from tests.helpers.wait import clear_of_slot_edge, wait_for
-
-SCHEDULE = "*/5 * * * *"
+from tests.helpers.wait import schedule_far_from_edges, wait_for
 
 
 def _effect_cmd(effects: Path, hold_s: float = 0.5) -> list[str]:
@@ -25,8 +23,7 @@ def _effect_cmd(effects: Path, hold_s: float = 0.5) -> list[str]:
 
 def test_50_exec_replicas_run_the_command_once(redis_server: RedisServer, tmp_path: Path) -> None:
     effects = tmp_path / "effects.log"
-    clear_of_slot_edge(300, needed_s=60)
-    env = runner_env(redis_server.url, CRON_RUNNER_SCHEDULE=SCHEDULE)
+    env = runner_env(redis_server.url, CRON_RUNNER_SCHEDULE=schedule_far_from_edges(300))
     procs = [
         spawn(
             ["exec", "--name", "report", "--holder", f"replica-{i}", "--", *_effect_cmd(effects)],
@@ -46,10 +43,8 @@ def test_late_replica_skips_same_slot_and_next_slot_runs(
     redis_server: RedisServer, tmp_path: Path
 ) -> None:
     effects = tmp_path / "effects.log"
-    env = runner_env(
-        redis_server.url, CRON_RUNNER_SCHEDULE="0 * * * *", CRON_RUNNER_SKEW_TOLERANCE="5s"
-    )
-    clear_of_slot_edge(3600, tolerance_s=5)
+    hourly = schedule_far_from_edges(3600, tolerance_s=5)
+    env = runner_env(redis_server.url, CRON_RUNNER_SCHEDULE=hourly, CRON_RUNNER_SKEW_TOLERANCE="5s")
     first = run(["exec", "--name", "hourly", "--", *_effect_cmd(effects, 0)], env)
     late = run(["exec", "--name", "hourly", "--", *_effect_cmd(effects, 0)], env)
     assert (first.returncode, late.returncode) == (0, 0)

@@ -11,7 +11,7 @@ import pytest
 from runner.errors import ConfigError, UnknownTask
 from runner.testing import RedisServer
 from tests.helpers.proc import events, run, runner_env
-from tests.helpers.wait import clear_of_slot_edge
+from tests.helpers.wait import schedule_far_from_edges
 
 TEXT_LINE = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z ERROR ")
 
@@ -19,11 +19,10 @@ TEXT_LINE = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z ERROR ")
 def test_the_cluster_name_is_in_the_holder_logs_records_status_and_history(
     redis_server: RedisServer,
 ) -> None:
-    clear_of_slot_edge(300)
     env = runner_env(
         redis_server.url,
         CRON_RUNNER_CLUSTER_NAME="eu-west",
-        CRON_RUNNER_SCHEDULE="*/5 * * * *",
+        CRON_RUNNER_SCHEDULE=schedule_far_from_edges(300),
     )
     ran = run(["exec", "--name", "report", "--holder", "pod-a", "--", "true"], env)
     assert ran.returncode == 0, ran.stderr
@@ -92,16 +91,15 @@ def test_setting_errors_follow_the_log_format_asked_for(args: list[str], how: st
 
 
 def test_text_logs_show_the_slot_as_a_time(redis_server: RedisServer) -> None:
-    clear_of_slot_edge(300)
-    env = runner_env(
-        redis_server.url, CRON_RUNNER_LOG_FORMAT="text", CRON_RUNNER_SCHEDULE="*/5 * * * *"
-    )
+    schedule = schedule_far_from_edges(300)
+    env = runner_env(redis_server.url, CRON_RUNNER_LOG_FORMAT="text", CRON_RUNNER_SCHEDULE=schedule)
     ran = run(["exec", "--name", "report", "--", "true"], env)
     assert ran.returncode == 0, ran.stderr
     slots = set(re.findall(r"\bslot=(\S+)", ran.stderr))
     assert len(slots) == 1
     (slot,) = slots
-    assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d[05]:00Z", slot), slot
+    assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:00Z", slot), slot
+    assert int(slot[14:16]) % 5 == int(schedule.split("-")[0])
 
 
 def test_the_history_length_caps_each_task_s_run_stream(redis_server: RedisServer) -> None:

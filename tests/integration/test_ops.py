@@ -23,7 +23,7 @@ from tests.helpers.proc import (
     spawn,
     spawn_started,
 )
-from tests.helpers.wait import clear_of_slot_edge, wait_for
+from tests.helpers.wait import schedule_far_from_edges, wait_for
 
 FENCE = "cron-runner:{default:%s}:fence"
 ISO_Z = r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ$"
@@ -54,10 +54,9 @@ def _is_iso(value: object) -> bool:
 
 @pytest.fixture
 def scheduled(redis_server: RedisServer, tmp_path: Path) -> dict[str, str]:
-    clear_of_slot_edge(300)
     return runner_env(
         redis_server.url,
-        CRON_RUNNER_SCHEDULE="*/5 * * * *",
+        CRON_RUNNER_SCHEDULE=schedule_far_from_edges(300),
         SIDE_EFFECTS=str(tmp_path / "effects.log"),
     )
 
@@ -88,7 +87,7 @@ def test_status_and_history_after_ran_skipped_and_failed(
     report = by_task["report"]
     assert report["lease"] is None
     assert report["fencing_token"] == int(cast(str, r.get(FENCE % "report"))) == fence
-    assert (report["schedule"], report["timezone"]) == ("*/5 * * * *", "UTC")
+    assert (report["schedule"], report["timezone"]) == (env["CRON_RUNNER_SCHEDULE"], "UTC")
     assert report["last_slot"] == slot
     assert report["last_run"]["outcome"] == "ran"
     assert report["last_run"]["holder"] == "pod-a"

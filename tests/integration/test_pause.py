@@ -33,7 +33,7 @@ from tests.helpers.proc import (
     runner_env,
     spawn,
 )
-from tests.helpers.wait import clear_of_slot_edge, wait_for
+from tests.helpers.wait import schedule_far_from_edges, wait_for
 
 FIVE = "*/5 * * * *"
 HOURLY = "0 * * * *"
@@ -80,14 +80,14 @@ def test_a_pause_from_one_process_stops_the_runs_of_three_others_and_resume_lets
 ) -> None:
     url, effects = redis_server.url, tmp_path / "effects"
     command = appender(effects)
-    clear_of_slot_edge(300, needed_s=60)  # the crontab runs below all compute now_slot
-    now_slot = Schedule.parse(FIVE, "UTC", 0).previous_at_or_before(time.time() + 30)
+    five = schedule_far_from_edges(300)  # the crontab runs below all compute now_slot
+    now_slot = Schedule.parse(five, "UTC", 0).previous_at_or_before(time.time() + 30)
 
     def pod(slot: int, side: str) -> dict[str, str]:
-        return cronjob_env(url, "maint", FIVE, slot, SIDE=side)
+        return cronjob_env(url, "maint", five, slot, SIDE=side)
 
     def server(side: str) -> list[str]:
-        return ["exec", "--name", "maint", "--schedule", FIVE, "--holder", side, "--", *command]
+        return ["exec", "--name", "maint", "--schedule", five, "--holder", side, "--", *command]
 
     first = run(["exec", "--name", "maint", "--", *command], pod(now_slot - 600, "pod-0"))
     assert (first.returncode, outcome(first.stderr)) == (0, "ran"), first.stderr
@@ -205,8 +205,8 @@ def test_a_pause_whose_end_comes_resumes_by_itself(
     redis_server: RedisServer, r: redis.Redis, tmp_path: Path
 ) -> None:
     url, effects = redis_server.url, tmp_path / "effects"
-    clear_of_slot_edge(300)
-    crontab = ["exec", "--name", "brief", "--schedule", FIVE, "--", *appender(effects)]
+    five = schedule_far_from_edges(300)
+    crontab = ["exec", "--name", "brief", "--schedule", five, "--", *appender(effects)]
     first = run(crontab, runner_env(url, SIDE="before"))
     assert outcome(first.stderr) == "ran"
     until = str(int(time.time()) + 60)
@@ -214,8 +214,8 @@ def test_a_pause_whose_end_comes_resumes_by_itself(
     assert paused.returncode == 0, paused.stderr
     assert meta(r, "brief")["protocol_min"] == "3"
     # The previous slot's Job, retried, skips while the pause lasts.
-    slot = Schedule.parse(FIVE, "UTC", 0).previous_at_or_before(time.time() + 30)
-    pod = cronjob_env(url, "brief", FIVE, slot - 300, SIDE="pod")
+    slot = Schedule.parse(five, "UTC", 0).previous_at_or_before(time.time() + 30)
+    pod = cronjob_env(url, "brief", five, slot - 300, SIDE="pod")
     during = run(["exec", "--name", "brief", "--", *appender(effects)], pod)
     assert (during.returncode, outcome(during.stderr)) == (0, "paused"), during.stderr
     assert "until " in skipped_line(during.stderr)

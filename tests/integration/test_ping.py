@@ -17,7 +17,7 @@ import pytest
 from runner.errors import ConfigError
 from runner.testing import RedisServer, free_port
 from tests.helpers.proc import ROOT, cronjob_env, outcome, run, runner_env
-from tests.helpers.wait import clear_of_slot_edge
+from tests.helpers.wait import schedule_far_from_edges
 
 
 class Recorder(ThreadingHTTPServer):
@@ -102,9 +102,8 @@ def test_success_and_failure_ping_start_then_end_with_one_run_id(
 
 
 def test_a_skipped_replica_does_not_ping(redis_server: RedisServer, recorder: Recorder) -> None:
-    clear_of_slot_edge(300)
     env = runner_env(redis_server.url, CRON_RUNNER_PING_URL=recorder.url,
-                     CRON_RUNNER_SCHEDULE="*/5 * * * *")  # fmt: skip
+                     CRON_RUNNER_SCHEDULE=schedule_far_from_edges(300))  # fmt: skip
     assert run(["exec", "--name", "once", "--", "true"], env).returncode == 0
     skipped = run(["exec", "--name", "once", "--holder", "b", "--", "true"], env)
     assert outcome(skipped.stderr) == "skipped_done"
@@ -191,8 +190,7 @@ def test_ping_is_imported_only_when_a_run_pings(redis_server: RedisServer) -> No
     probe = ("import sys; from runner.cli.main import main; code = main(sys.argv[1:]); "
              "print('runner.run.ping' in sys.modules, 'urllib.request' in sys.modules, "
              "file=sys.__stdout__)")  # fmt: skip
-    clear_of_slot_edge(300)
-    base = runner_env(redis_server.url, CRON_RUNNER_SCHEDULE="*/5 * * * *")
+    base = runner_env(redis_server.url, CRON_RUNNER_SCHEDULE=schedule_far_from_edges(300))
     pinged = {**base, "CRON_RUNNER_PING_URL": f"http://127.0.0.1:{free_port()}/p",
               "CRON_RUNNER_PING_TIMEOUT": "200ms"}  # fmt: skip
 

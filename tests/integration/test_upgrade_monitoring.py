@@ -21,7 +21,7 @@ import redis
 from runner.schedule.slots import Schedule
 from runner.testing import RedisServer
 from tests.helpers.proc import ROOT, events, outcome, run, runner_env, spawn
-from tests.helpers.wait import clear_of_slot_edge, wait_for
+from tests.helpers.wait import schedule_far_from_edges, wait_for
 
 PREVIOUS = "b170e33"
 OLD_MAIN = (
@@ -52,8 +52,7 @@ def old(previous: Path, args: list[str], env: dict[str, str]) -> subprocess.Comp
 def test_the_previous_release_reads_a_new_lease_and_skips(
     redis_server: RedisServer, r: redis.Redis, previous: Path
 ) -> None:
-    clear_of_slot_edge(300)
-    env = runner_env(redis_server.url, CRON_RUNNER_SCHEDULE="*/5 * * * *")
+    env = runner_env(redis_server.url, CRON_RUNNER_SCHEDULE=schedule_far_from_edges(300))
     proc = spawn(["exec", "--name", "mixed", "--holder", "pod-new", "--", "sleep", "30"], env)
     try:
         wait_for(lambda: r.exists("cron-runner:{default:mixed}:lease"), 10)
@@ -76,18 +75,18 @@ def test_the_previous_release_reads_a_new_lease_and_skips(
 def test_slots_the_previous_release_ran_are_not_missed(
     redis_server: RedisServer, previous: Path
 ) -> None:
-    schedule = Schedule.parse("0 * * * *", "UTC", 0)
+    hourly = schedule_far_from_edges(3600)  # the run for this hour must not claim the next one
+    schedule = Schedule.parse(hourly, "UTC", 0)
     url = redis_server.url
-    clear_of_slot_edge(3600)  # the run for the current hour must not claim the next one
     slots = [schedule.previous_at_or_before(time.time() - h * 3600) for h in (3, 2, 1)]
     for i, slot in enumerate(slots):
         pod = runner_env(url, CRON_RUNNER_JOB_NAME=f"release-hourly-{slot // 60}",
-                         CRON_RUNNER_CRONJOB_NAME="release-hourly", CRON_RUNNER_SCHEDULE="0 * * * *",
+                         CRON_RUNNER_CRONJOB_NAME="release-hourly", CRON_RUNNER_SCHEDULE=hourly,
                          CRON_RUNNER_SLOT_RETENTION="24h")  # fmt: skip
         args = ["exec", "--name", "hourly", "--", "true"]
         res = old(previous, args, pod) if i % 2 == 0 else run(args, pod)  # the two, in turn
         assert res.returncode == 0, res.stderr
-    plain = runner_env(url, CRON_RUNNER_SCHEDULE="0 * * * *")
+    plain = runner_env(url, CRON_RUNNER_SCHEDULE=hourly)
     # The current slot too, by the previous release, then the new watchdog judges them all.
     assert old(previous, ["exec", "--name", "hourly", "--", "true"], plain).returncode == 0
     dog = run(["watchdog", "-o", "json"], runner_env(url))

@@ -19,7 +19,7 @@ import pytest
 from runner.schedule.slots import Schedule
 from runner.testing import RedisServer
 from tests.helpers.proc import cronjob_env, events, run, runner_env, spawn
-from tests.helpers.wait import clear_of_slot_edge, wait_for
+from tests.helpers.wait import schedule_far_from_edges, wait_for
 from tests.queue.helpers import TASK_MODULES, WorkerProc, queue_env
 
 HOSTILE_HOLDER = "<b>pod</b><script>alert(1)</script>"
@@ -51,9 +51,10 @@ def build_world(server: RedisServer) -> World:
     an enqueue a worker ran, and one waiting on a queue no worker reads."""
     url = server.url
     env = runner_env(url)
-    # The two runs of `healthy` must share a slot (the second skips): start clear of an edge.
-    clear_of_slot_edge(300)
-    five = runner_env(url, CRON_RUNNER_SCHEDULE="*/5 * * * *")
+    # The two runs of `healthy` must share a slot (the second skips): a schedule whose edges
+    # are far from now.
+    every_five = schedule_far_from_edges(300)
+    five = runner_env(url, CRON_RUNNER_SCHEDULE=every_five)
     _ok(run(["exec", "--name", "healthy", "--", "true"], five))
     _ok(run(["exec", "--name", "healthy", "--holder", "pod-b", "--", "true"], five))  # a skip
     for _ in range(2):
@@ -80,7 +81,7 @@ def build_world(server: RedisServer) -> World:
     # run gave it back without running, and recorded why.
     from runner.errors import StoreUnavailable  # noqa: PLC0415
 
-    alone = runner_env(url, CRON_RUNNER_SCHEDULE="*/5 * * * *", CRON_RUNNER_REDIS_MIN_REPLICAS="1",
+    alone = runner_env(url, CRON_RUNNER_SCHEDULE=every_five, CRON_RUNNER_REDIS_MIN_REPLICAS="1",
                        CRON_RUNNER_LEASE_TTL="1s")  # fmt: skip
     _ok(run(["exec", "--name", "alone", "--", "true"], alone), StoreUnavailable.exit_code)
 
@@ -97,19 +98,19 @@ def build_world(server: RedisServer) -> World:
     # Paused after a run; the pod of the slot before skips (recorded once), a later slot too.
     _ok(run(["exec", "--name", "held-back", "--", "true"], five))
     _ok(run(["pause", "held-back", "--note", PAUSE_NOTE, "--until", str(PAUSED_UNTIL_S)], env))
-    earlier = Schedule.parse("*/5 * * * *", "UTC", 0).previous_at_or_before(time.time() - 600)
+    earlier = Schedule.parse(every_five, "UTC", 0).previous_at_or_before(time.time() - 600)
     _ok(run(["exec", "--name", "held-back", "--", "true"],
-            cronjob_env(url, "held-back", "*/5 * * * *", earlier)))  # fmt: skip
+            cronjob_env(url, "held-back", every_five, earlier)))  # fmt: skip
 
     # Running past its max runtime: the first run stores it, the second one holds the lease.
-    slow = runner_env(url, CRON_RUNNER_SCHEDULE="*/5 * * * *", CRON_RUNNER_MAX_RUNTIME="1s")
+    slow = runner_env(url, CRON_RUNNER_SCHEDULE=every_five, CRON_RUNNER_MAX_RUNTIME="1s")
     _ok(run(["exec", "--name", "slow", "--", "true"], slow))
     # A manual run (no schedule: no slot), since the scheduled one already ran this slot.
     running = spawn(["exec", "--name", "slow", "--holder", "pod-slow", "--", "sleep", "120"], env)
     wait_for(lambda: client.exists("cron-runner:{default:slow}:lease"), 10)
 
     # Queue mode: q-ok enqueued by its CronJob and run by a worker; q-billed waits on billing.
-    qenv = queue_env(server, CRON_RUNNER_SCHEDULE="*/5 * * * *", CRON_RUNNER_MODE="enqueue")
+    qenv = queue_env(server, CRON_RUNNER_SCHEDULE=every_five, CRON_RUNNER_MODE="enqueue")
     _ok(run(["run", "q-ok"], qenv))
     _ok(run(["run", "q-billed"], qenv))
     worker = WorkerProc(queue_env(server), "--queues", "q-ok", "--processes", "1")
